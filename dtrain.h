@@ -614,6 +614,9 @@ typedef struct dtr_conv_config {
     int stride[2];                /**< >= 1; 1 from init */
     int padding[2];               /**< >= 0; 0 from init */
     int dilation[2];              /**< >= 1; 1 from init */
+    int output_padding[2];        /**< a transposed convolution's extra rows and columns at the
+                                       end (0 from init; below the stride or the dilation;
+                                       must be 0 for a convolution) */
     int groups;                   /**< >= 1; 1 from init */
 } dtr_conv_config;
 
@@ -629,6 +632,17 @@ DTR_API dtr_conv_config dtr_conv_config_init(void);
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                   const dtr_conv_config *cfg);
+/** Transposed 2-D convolution (PyTorch's conv_transpose2d, the gradient of dtr_conv2d_ex with
+ *  respect to its input; a decoder's, a GAN generator's or a U-Net's learned upsampling):
+ *  x (N, Cin, H, W), w (Cin, Cout / groups, KH, KW), bias (Cout) or NULL -> (N, Cout, H', W'),
+ *  H' = (H - 1) stride[0] - 2 padding[0] + dilation[0] (KH - 1) + output_padding[0] + 1 (W'
+ *  alike). `cfg` as dtr_conv2d_ex's (NULL: dtr_conv_config_init's); a stride-s convolution's
+ *  input size comes back with output_padding = (its input + 2 padding - the dilated kernel) mod s.
+ *  Wrong ranks, w's first axis not Cin, Cin not divisible by groups, no output:
+ *  DTR_SHAPE_MISMATCH; bad geometry values: DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_conv_transpose2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                                         const dtr_conv_config *cfg);
 /** 1-D convolution over sequences: x (N, C, L), w (O, C / groups, K), bias (O) or NULL ->
  *  (N, O, L'), L' = (L + 2 padding - dilation (K - 1) - 1) / stride + 1: PyTorch's conv1d
  *  (the 2-D op over (N, C, 1, L); its errors, as dtr_conv2d_ex's). A causal convolution (a
@@ -891,7 +905,9 @@ DTR_API int dtr_model_param_trainable(const dtr_model *m, int i);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
  *  Called automatically by the first forward use; calling it twice is harmless. */
 DTR_API dtr_result dtr_model_build(dtr_model *m);
-/** Number of parameters (tensors) and of scalar elements. */
+/** Number of parameters (tensors), and the contiguous buffers' length in floats: every
+ *  parameter starts on a 64-byte boundary (16 floats), so dtr_model_numel is the parameters'
+ *  element count plus that padding. */
 DTR_API int dtr_model_param_count(const dtr_model *m);
 DTR_API int64_t dtr_model_numel(const dtr_model *m);
 /** Parameter i in declaration order, or NULL. */
@@ -932,12 +948,14 @@ DTR_API dtr_context *dtr_model_context(const dtr_model *m);
 typedef struct dtr_linear_layer { dtr_tensor *weight, *bias; int64_t in, out; } dtr_linear_layer;
 /** 2-D convolution layer: weight (out, in / groups, kh, kw), bias (out) or NULL; forward
  *  convolves with `conv` (the geometry given to init; fields other than groups may change
- *  after init). */
+ *  after init). A transposed one (dtr_conv_transpose2d_layer_init): weight
+ *  (in, out / groups, kh, kw), PyTorch's ConvTranspose2d layout. */
 typedef struct dtr_conv2d_layer {
     dtr_tensor *weight, *bias;
     int64_t in, out;
     int kh, kw;
     dtr_conv_config conv;
+    int transposed;               /**< 1: forward is dtr_conv_transpose2d */
 } dtr_conv2d_layer;
 /** 1-D convolution layer: weight (out, in / groups, k), bias (out) or NULL; PyTorch's Conv1d
  *  (stride, padding, dilation, groups may change after init, groups only to a divisor that
@@ -1044,6 +1062,13 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
                                             int64_t in, int64_t out, int kh, int kw,
                                             const dtr_conv_config *cfg, int bias, dtr_init init);
+/** PyTorch's ConvTranspose2d(in, out, (kh, kw)) with `cfg`'s stride, padding, output_padding,
+ *  dilation and groups: weight (in, out / groups, kh, kw), bias (out), both drawn as PyTorch's
+ *  defaults from that shape (fan in = out / groups * kh * kw). The layer's forward runs
+ *  dtr_conv_transpose2d. */
+DTR_API dtr_result dtr_conv_transpose2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
+                                                   int64_t in, int64_t out, int kh, int kw,
+                                                   const dtr_conv_config *cfg, int bias, dtr_init init);
 /** PyTorch's Conv1d(in, out, k, stride, padding, dilation, groups, bias): weight
  *  (out, in / groups, k). */
 DTR_API dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *layer, dtr_model *m, const char *name,
@@ -4563,7 +4588,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4567 "dtrain.h"
+#line 4592 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4747,14 +4772,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
-    X(LSTM_CELL, "lstm_cell", lstm)
+    X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 55
+#define DTR__OP_COUNT_EXPECTED 56
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -4767,7 +4792,7 @@ const char *dtr__op_name(int op);
 
 /* ---- typed op parameters: what an op means, recorded by its builder ---- */
 
-typedef struct dtr__conv2d_params {   /* CONV2D: per axis (height, width) */
+typedef struct dtr__conv2d_params {   /* CONV2D, CONV_TRANSPOSE2D: per axis (height, width) */
     int64_t stride[2], padding[2], dilation[2];
     int64_t groups;                   /* C and O divide into groups; w (O, C / groups, KH, KW) */
 } dtr__conv2d_params;
@@ -5423,7 +5448,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5427 "dtrain.h"
+#line 5452 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5846,7 +5871,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5850 "dtrain.h"
+#line 5875 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5908,7 +5933,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5912 "dtrain.h"
+#line 5937 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6287,7 +6312,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6291 "dtrain.h"
+#line 6316 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6330,7 +6355,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6334 "dtrain.h"
+#line 6359 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6364,7 +6389,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6368 "dtrain.h"
+#line 6393 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6423,7 +6448,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6427 "dtrain.h"
+#line 6452 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6497,7 +6522,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6501 "dtrain.h"
+#line 6526 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6565,7 +6590,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6569 "dtrain.h"
+#line 6594 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6640,7 +6665,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6644 "dtrain.h"
+#line 6669 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6992,7 +7017,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6996 "dtrain.h"
+#line 7021 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7816,7 +7841,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7820 "dtrain.h"
+#line 7845 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8491,7 +8516,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8495 "dtrain.h"
+#line 8520 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8582,7 +8607,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8586 "dtrain.h"
+#line 8611 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9064,7 +9089,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9068 "dtrain.h"
+#line 9093 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9319,7 +9344,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9323 "dtrain.h"
+#line 9348 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9552,7 +9577,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9556 "dtrain.h"
+#line 9581 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9671,7 +9696,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9675 "dtrain.h"
+#line 9700 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9727,7 +9752,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9731 "dtrain.h"
+#line 9756 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9912,7 +9937,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     }
     h = dtr__fnv_tensor(h, n->out);
     if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
-    if (n->op == DTR_OP_CONV2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
+    if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
     return dtr__graph_note(g, slot, n->op, h);
 }
 
@@ -10114,7 +10139,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10118 "dtrain.h"
+#line 10143 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10376,7 +10401,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10380 "dtrain.h"
+#line 10405 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10871,7 +10896,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10875 "dtrain.h"
+#line 10900 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11050,7 +11075,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11054 "dtrain.h"
+#line 11079 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12205,7 +12230,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12209 "dtrain.h"
+#line 12234 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12339,15 +12364,17 @@ static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx
             }
 }
 
+/* conv2d: the image x, the products y; a transposed convolution: the image y, the products x */
 static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
-    const dtr_tensor *x = nd->in[0], *w = nd->in[1];
-    g->N = x->shape[0]; g->C = x->shape[1]; g->H = x->shape[2]; g->W = x->shape[3];
+    const dtr_tensor *w = nd->in[1], *img = nd->op == DTR_OP_CONV2D ? nd->in[0] : nd->out;
+    const dtr_tensor *prod = nd->op == DTR_OP_CONV2D ? nd->out : nd->in[0];
+    g->N = img->shape[0]; g->C = img->shape[1]; g->H = img->shape[2]; g->W = img->shape[3];
     g->O = w->shape[0]; g->KH = w->shape[2]; g->KW = w->shape[3];
     g->SH = nd->p.conv2d.stride[0]; g->SW = nd->p.conv2d.stride[1];
     g->PH = nd->p.conv2d.padding[0]; g->PW = nd->p.conv2d.padding[1];
     g->DH = nd->p.conv2d.dilation[0]; g->DW = nd->p.conv2d.dilation[1];
     g->G = nd->p.conv2d.groups;
-    g->Ho = nd->out->shape[2]; g->Wo = nd->out->shape[3];
+    g->Ho = prod->shape[2]; g->Wo = prod->shape[3];
 }
 
 /* ---- conv2d ---- */
@@ -12357,6 +12384,7 @@ dtr_conv_config dtr_conv_config_init(void) {
     c.stride[0] = c.stride[1] = 1;
     c.padding[0] = c.padding[1] = 0;
     c.dilation[0] = c.dilation[1] = 1;
+    c.output_padding[0] = c.output_padding[1] = 0;
     c.groups = 1;
     return c;
 }
@@ -12367,16 +12395,29 @@ static int64_t dtr__conv_out(int64_t in, int64_t k, int s, int p, int d) {
     return in + 2 * (int64_t)p < span ? 0 : (in + 2 * (int64_t)p - span) / s + 1;
 }
 
+/* the geometry's values (output_padding only for a transposed convolution, below its stride or dilation) */
+static dtr_result dtr__conv_check_config(dtr_context *ctx, const char *fn, const dtr_conv_config *c, int transposed) {
+    int a;
+    for (a = 0; a < 2; a++) {
+        int op = c->output_padding[a];
+        if (c->stride[a] < 1 || c->padding[a] < 0 || c->dilation[a] < 1)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: stride %d and dilation %d must be >= 1, padding %d >= 0", fn,
+                             c->stride[a], c->dilation[a], c->padding[a]);
+        if (op < 0 || (op > 0 && !transposed) || (op >= c->stride[a] && op >= c->dilation[a]))
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: output_padding %d must be >= 0 and below the stride %d or the "
+                             "dilation %d%s", fn, op, c->stride[a], c->dilation[a], transposed ? "" : " (0 but for a transposed "
+                             "convolution)");
+    }
+    if (c->groups < 1) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: groups %d must be >= 1", fn, c->groups);
+    return DTR_OK;
+}
+
 /* the arguments' checks (DTR_OK or the context's error); *ho, *wo the output's extent */
 static dtr_result dtr__conv_check(dtr_context *ctx, const dtr_tensor *x, const dtr_tensor *w, const dtr_tensor *bias,
                                   const dtr_conv_config *c, int64_t *ho, int64_t *wo) {
     char s1[96], s2[96];
-    int a;
-    for (a = 0; a < 2; a++)
-        if (c->stride[a] < 1 || c->padding[a] < 0 || c->dilation[a] < 1)
-            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_conv2d: stride %d and dilation %d must be >= 1, padding %d >= 0",
-                             c->stride[a], c->dilation[a], c->padding[a]);
-    if (c->groups < 1 || x->ndim != 4 || w->ndim != 4 || x->shape[1] % c->groups || w->shape[0] % c->groups ||
+    if (dtr__conv_check_config(ctx, "dtr_conv2d", c, 0) != DTR_OK) return ctx->status;
+    if (x->ndim != 4 || w->ndim != 4 || x->shape[1] % c->groups || w->shape[0] % c->groups ||
         x->shape[1] != w->shape[1] * c->groups)
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: x %s and w %s must be (N, C, H, W) and (O, C / groups, KH, KW) "
                          "with groups %d dividing C and O", dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2),
@@ -12454,12 +12495,73 @@ dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     return dtr_reshape(ctx, y, 3, ys);
 }
 
+/* The kernels' view of a convolution: the image side (N, C, H, W) and the product side
+ * (N, O, Ho*Wo) of w (O, C/G, KH, KW). conv2d reads the image and writes the products in
+ * forward; a transposed convolution runs the same pieces the other way round. */
+/* ---- conv_transpose2d ---- */
+
+/* x (N, Cin, H, W), w (Cin, Cout / G, KH, KW), bias (Cout): *shape the output's, or an error */
+static dtr_result dtr__convt_check(dtr_context *ctx, const dtr_tensor *x, const dtr_tensor *w, const dtr_tensor *bias,
+                                   const dtr_conv_config *c, int64_t *shape) {
+    char s1[96], s2[96];
+    int a;
+    if (dtr__conv_check_config(ctx, "dtr_conv_transpose2d", c, 1) != DTR_OK) return ctx->status;
+    if (x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[0] || x->shape[1] % c->groups)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv_transpose2d: x %s and w %s must be (N, Cin, H, W) and (Cin, Cout / "
+                         "groups, KH, KW) with groups %d dividing Cin", dtr__shape_str(x, s1, sizeof s1),
+                         dtr__shape_str(w, s2, sizeof s2), c->groups);
+    shape[0] = x->shape[0];
+    shape[1] = w->shape[1] * c->groups;
+    if (bias && (bias->ndim != 1 || bias->shape[0] != shape[1]))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv_transpose2d: bias %s must be (%lld)", dtr__shape_str(bias, s1, sizeof s1),
+                         (long long)shape[1]);
+    for (a = 0; a < 2; a++) {
+        shape[2 + a] = (x->shape[2 + a] - 1) * c->stride[a] - 2 * (int64_t)c->padding[a] +
+                       (int64_t)c->dilation[a] * (w->shape[2 + a] - 1) + c->output_padding[a] + 1;
+        if (shape[2 + a] < 1)
+            return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv_transpose2d: padding %d leaves no output of x %s", c->padding[a],
+                             dtr__shape_str(x, s1, sizeof s1));
+    }
+    return DTR_OK;
+}
+
+dtr_tensor *dtr_conv_transpose2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
+    dtr__node *n;
+    dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
+    int64_t shape[4];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_conv_transpose2d", x, "x") || !dtr__check_input(ctx, "dtr_conv_transpose2d", w, "w")) return NULL;
+    if (bias && !dtr__check_input(ctx, "dtr_conv_transpose2d", bias, "bias")) return NULL;
+    if (dtr__convt_check(ctx, x, w, bias, &c, shape) != DTR_OK) return NULL;
+    x = dtr__contig_input(ctx, x);
+    w = dtr__contig_input(ctx, w);
+    if (!x || !w) return NULL;
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, DTR_OP_CONV_TRANSPOSE2D, bias ? 3 : 2, in);
+    }
+    if (!n) return NULL;
+    dtr__conv_params(&n->p.conv2d, &c);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv_transpose2d");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_conv_transpose2d");
+}
+
 typedef struct {
-    const dtr__node *nd;
     dtr__conv_geom g;
     dtr__pool *pool;
-    float *gcol;      /* backward: per-worker column gradients */
-    int split_cols;   /* backward: dW split over columns (1) or output channels (0) */
+    const float *w;        /* (O, C/G*KH*KW) */
+    const float *img;      /* im2col's image */
+    float *prod;           /* W col written: filled with bias (or 0) first, or added to (accumulate) */
+    const float *bias;     /* (O) for prod, or NULL */
+    int accumulate;
+    float *col;            /* the columns: one matrix per sample (keep_cols) or per worker */
+    int keep_cols;
+    const float *gprod;    /* (N, O, P) read by the weight gradient and by W^T (col2im) */
+    float *gimg;           /* col2im's target (added to) */
+    float *gcol;           /* per-worker column buffers of the W^T products */
+    float *gw, *gb;        /* gb: the product side's per-channel sums of gprod */
+    int split_cols;        /* dW split over columns (1) or output channels (0) */
 } dtr__conv_job;
 
 /* y[0..n) = v; 8 at a time from a local array (vector stores without -O3). */
@@ -12472,34 +12574,45 @@ static void dtr__conv_fill(float *y, int64_t n, float v) {
     for (; i < n; i++) y[i] = v;
 }
 
+/* columns of the image, then prod = W col, per sample */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *X = dtr__f32(j->nd->in[0]), *Wt = dtr__f32(j->nd->in[1]);
-    const float *bias = j->nd->in[2] ? dtr__f32(j->nd->in[2]) : NULL;
-    float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->saved;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
     for (n = b; n < e; n++) {
-        float *col = COL + (j->nd->taped ? n : worker) * g->G * ckk * P, *y = Y + n * g->O * P;
-        dtr__im2col(g, X + n * g->C * g->H * g->W, col);
-        for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, bias ? bias[o] : 0.0f);
+        float *col = j->col + (j->keep_cols ? n : worker) * g->G * ckk * P, *y = j->prod ? j->prod + n * g->O * P : NULL;
+        dtr__im2col(g, j->img + n * g->C * g->H * g->W, col);
+        if (!y) continue;
+        if (!j->accumulate)
+            for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
         for (q = 0; q < g->G; q++)   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
-            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, Wt + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
+            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
                          y + q * og * P, P);
     }
 }
 
+static void dtr__conv_job_of(dtr_context *ctx, const dtr__node *nd, dtr__conv_job *j) {
+    memset(j, 0, sizeof *j);
+    j->pool = ctx->pool;
+    dtr__conv_geom_of(nd, &j->g);
+    j->w = dtr__f32(nd->in[1]);
+}
+
+/* columns for n samples (keep) or one matrix per worker, in the node's saved block or the arena */
+static float *dtr__conv_cols(dtr_context *ctx, dtr__node *nd, const dtr__conv_job *j, int keep) {
+    size_t n = (size_t)(keep ? j->g.N : dtr__pool_threads(ctx->pool)) * (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo);
+    return (float *)(nd ? dtr__node_save(ctx, nd, n * sizeof(float)) : dtr__arena_data(ctx, n * sizeof(float), "dtr_conv columns"));
+}
+
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
-    int64_t ncol;
-    memset(&j, 0, sizeof j);
-    j.nd = nd;
-    j.pool = ctx->pool;
-    dtr__conv_geom_of(nd, &j.g);
+    dtr__conv_job_of(ctx, nd, &j);
+    j.img = dtr__f32(nd->in[0]);
+    j.prod = dtr__f32(nd->out);
+    j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
-    ncol = nd->taped ? j.g.N : dtr__pool_threads(ctx->pool);
-    nd->saved = dtr__node_save(ctx, nd, (size_t)(ncol * j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo) * sizeof(float));
-    if (!nd->saved) return ctx->status;
+    j.keep_cols = nd->taped;
+    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     return DTR_OK;
 }
@@ -12522,13 +12635,12 @@ static float dtr__conv_sum(const float *x, int64_t n) {
  * (rows; every worker packs all columns of each sample) or, when there are fewer output
  * channels than ckk, a range of columns of every group's block (every worker packs the
  * smaller gy instead). The bias rows are split in proportion to the units. */
-static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, float *gw,
-                                   int64_t b, int64_t e) {
+static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, int64_t b, int64_t e) {
     const dtr__conv_geom *g = &j->g;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, q, o0, o1;
     for (q = 0; q < g->G; q++) {
         const float *gq = gy + q * og * P, *cq = col + q * ckk * P;
-        float *wq = gw + q * og * ckk;
+        float *wq = j->gw + q * og * ckk;
         if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
             dtr__gemm_on(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, cq + b * P, 1, P, 1.0f, wq + b, ckk);
             continue;
@@ -12543,49 +12655,98 @@ static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const flo
 static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *G = j->nd->out->grad, *COL = (const float *)j->nd->saved;
-    float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
     int64_t ckk = g->C / g->G * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
     for (n = 0; n < g->N; n++) {
-        const float *gy = G + n * g->O * P;
-        if (gw) dtr__conv_bwd_w_sample(j, worker, gy, COL + n * g->G * ckk * P, gw, b, e);
-        if (gb)
-            for (o = o0; o < o1; o++) gb[o] += dtr__conv_sum(gy + o * P, P);
+        const float *gy = j->gprod + n * g->O * P;
+        if (j->gw) dtr__conv_bwd_w_sample(j, worker, gy, j->col + n * g->G * ckk * P, b, e);
+        if (j->gb)
+            for (o = o0; o < o1; o++) j->gb[o] += dtr__conv_sum(gy + o * P, P);
     }
 }
 
-/* dX, split over samples; each worker has its own column-gradient buffer in j->gcol. */
+static void dtr__conv_run_w(const dtr__conv_job *j) {
+    int64_t ckk = j->g.C / j->g.G * j->g.KH * j->g.KW;
+    dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, (void *)j);
+}
+
+/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
 static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *G = j->nd->out->grad, *Wt = dtr__f32(j->nd->in[1]);
-    float *gx = dtr__gradof(j->nd->in[0]);
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, q;
     float *gcol = j->gcol + (int64_t)worker * g->G * ckk * P;
     for (n = b; n < e; n++) {
         for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, P) = W[q]^T (ckk, og) gy[q] (og, P) */
-            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, Wt + q * og * ckk, 1, ckk, G + (n * g->O + q * og) * P, P, 1, 0.0f,
-                         gcol + q * ckk * P, P);
-        dtr__col2im_add(g, gcol, gx + n * g->C * g->H * g->W);
+            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, j->w + q * og * ckk, 1, ckk, j->gprod + (n * g->O + q * og) * P, P, 1,
+                         0.0f, gcol + q * ckk * P, P);
+        dtr__col2im_add(g, gcol, j->gimg + n * g->C * g->H * g->W);
     }
+}
+
+static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
+    if (!(j->gcol = dtr__conv_cols(ctx, NULL, j, 0))) return ctx->status;
+    dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
+    return DTR_OK;
 }
 
 dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
-    memset(&j, 0, sizeof j);
-    j.nd = nd;
-    j.pool = ctx->pool;
-    dtr__conv_geom_of(nd, &j.g);
+    dtr__conv_job_of(ctx, nd, &j);
+    j.gprod = nd->out->grad;
+    j.col = (float *)nd->saved;
+    j.gw = dtr__gradof(nd->in[1]);
+    j.gb = dtr__gradof(nd->in[2]);
     j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
-    if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2]))
-        dtr__pool_run(ctx->pool, j.split_cols ? j.g.C / j.g.G * j.g.KH * j.g.KW : j.g.O, 1, dtr__conv_bwd_w_range, &j);
-    if (dtr__gradof(nd->in[0])) {
-        size_t per = (size_t)(j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo);
-        j.gcol = (float *)dtr__arena_data(ctx, per * (size_t)dtr__pool_threads(ctx->pool) * sizeof(float), "dtr_conv2d backward");
-        if (!j.gcol) return ctx->status;
-        dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_bwd_x_range, &j);
-    }
+    if (j.gw || j.gb) dtr__conv_run_w(&j);
+    j.gimg = dtr__gradof(nd->in[0]);
+    return j.gimg ? dtr__conv_run_x(ctx, &j) : DTR_OK;
+}
+
+/* ---- transposed convolution: the image side is the output ---- */
+
+/* the gradient of y (N, C, HW) summed per channel into gb, split over channels */
+static void dtr__convt_bias_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__conv_job *j = (const dtr__conv_job *)arg;
+    int64_t HW = j->g.H * j->g.W, n, c;
+    (void)worker;
+    for (n = 0; n < j->g.N; n++)
+        for (c = b; c < e; c++) j->gb[c] += dtr__conv_sum(j->img + (n * j->g.C + c) * HW, HW);
+}
+
+/* y = bias, then y += col2im(W^T x) */
+dtr_result dtr__cpu_conv_transpose_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__conv_job j;
+    const float *bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    int64_t HW, c, n;
+    dtr__conv_job_of(ctx, nd, &j);
+    j.gprod = dtr__f32(nd->in[0]);
+    j.gimg = dtr__f32(nd->out);
+    HW = j.g.H * j.g.W;
+    for (n = 0; n < j.g.N; n++)
+        for (c = 0; c < j.g.C; c++) dtr__conv_fill(j.gimg + (n * j.g.C + c) * HW, HW, bias ? bias[c] : 0.0f);
+    return dtr__conv_run_x(ctx, &j);
+}
+
+/* dx += W col(dy) (conv2d's forward over dy), dW += x col(dy)^T, db = dy's channel sums */
+dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__conv_job j;
+    dtr__conv_job_of(ctx, nd, &j);
+    j.img = nd->out->grad;
+    j.gw = dtr__gradof(nd->in[1]);
+    j.gb = dtr__gradof(nd->in[2]);
+    if (j.gb) dtr__pool_run(ctx->pool, j.g.C, 1, dtr__convt_bias_range, &j);
+    j.gb = NULL;
+    j.prod = dtr__gradof(nd->in[0]);
+    j.accumulate = 1;
+    if (!j.prod && !j.gw) return DTR_OK;
+    j.keep_cols = j.gw != NULL;   /* the weight's gradient reads every sample's columns */
+    if (!(j.col = dtr__conv_cols(ctx, NULL, &j, j.keep_cols))) return ctx->status;
+    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    if (!j.gw) return DTR_OK;
+    j.gprod = dtr__f32(nd->in[0]);
+    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
+    dtr__conv_run_w(&j);
     return DTR_OK;
 }
 
@@ -12793,7 +12954,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12797 "dtrain.h"
+#line 12958 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13055,7 +13216,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13059 "dtrain.h"
+#line 13220 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13425,7 +13586,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13429 "dtrain.h"
+#line 13590 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13559,7 +13720,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13563 "dtrain.h"
+#line 13724 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14281,7 +14442,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 14285 "dtrain.h"
+#line 14446 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -14343,13 +14504,15 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
 
 /* ---- convolution ---- */
 
-/* weight (out, in / groups, kernel...) and the bias (PyTorch's bound 1 / sqrt(fan in)) */
+/* weight (out, in / groups, kernel...) and the bias (PyTorch's bound 1 / sqrt(fan in)); a transposed
+   convolution's weight (in, out / groups, kernel...) is declared as (out, in) swapped, its bias has `in` */
 static dtr_result dtr__conv_layer_params(dtr_model *m, const char *name, const char *fn, int64_t in, int64_t out, int nk,
-                                         const int *k, int groups, int bias, dtr_init init, dtr_tensor **w, dtr_tensor **b) {
-    int64_t ws[4], fan;
+                                         const int *k, int groups, int bias, int transposed, dtr_init init, dtr_tensor **w,
+                                         dtr_tensor **b) {
+    int64_t ws[4], fan, nb = transposed ? in : out;
     int i;
     if (in <= 0 || out <= 0 || groups < 1 || in % groups || out % groups)
-        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs in %lld, out %lld > 0 divisible by "
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs channels %lld and %lld > 0 divisible by "
                          "groups %d", fn, name ? name : "", (long long)in, (long long)out, groups);
     ws[0] = out; ws[1] = fan = in / groups;
     for (i = 0; i < nk; i++) {
@@ -14359,23 +14522,44 @@ static dtr_result dtr__conv_layer_params(dtr_model *m, const char *name, const c
         fan *= k[i];
     }
     *w = dtr__named_param(m, name, "weight", 2 + nk, ws, init, 0.0f);
-    if (bias) *b = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)fan)));
+    if (bias) *b = dtr__named_param(m, name, "bias", 1, &nb, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)fan)));
     return dtr__layer_status(m);
+}
+
+/* the layer's fields from the arguments, the geometry's values checked */
+static dtr_result dtr__conv2d_layer_setup(dtr_conv2d_layer *l, dtr_model *m, const char *name, const char *fn, int64_t in,
+                                          int64_t out, int kh, int kw, const dtr_conv_config *cfg) {
+    int a;
+    memset(l, 0, sizeof(*l));
+    l->conv = cfg ? *cfg : dtr_conv_config_init();
+    l->in = in; l->out = out; l->kh = kh; l->kw = kw;
+    for (a = 0; a < 2; a++)
+        if (l->conv.stride[a] <= 0 || l->conv.padding[a] < 0 || l->conv.dilation[a] <= 0 || l->conv.output_padding[a] < 0)
+            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' has stride %d, padding %d, dilation %d, "
+                             "output padding %d", fn, name ? name : "", l->conv.stride[a], l->conv.padding[a],
+                             l->conv.dilation[a], l->conv.output_padding[a]);
+    return DTR_OK;
 }
 
 dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int kh, int kw,
                                     const dtr_conv_config *cfg, int bias, dtr_init init) {
-    int k[2], a;
+    const char *fn = "dtr_conv2d_layer_init";
+    int k[2];
     if (!l || !m) return DTR_NULL_HANDLE;
-    memset(l, 0, sizeof(*l));
-    l->conv = cfg ? *cfg : dtr_conv_config_init();
-    l->in = in; l->out = out; l->kh = k[0] = kh; l->kw = k[1] = kw;
-    for (a = 0; a < 2; a++)
-        if (l->conv.stride[a] <= 0 || l->conv.padding[a] < 0 || l->conv.dilation[a] <= 0)
-            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv2d_layer_init: '%s' has stride %d, padding %d, "
-                             "dilation %d", name ? name : "", l->conv.stride[a], l->conv.padding[a], l->conv.dilation[a]);
-    return dtr__conv_layer_params(m, name, "dtr_conv2d_layer_init", in, out, 2, k, l->conv.groups, bias, init, &l->weight,
-                                  &l->bias);
+    if (dtr__conv2d_layer_setup(l, m, name, fn, in, out, kh, kw, cfg) != DTR_OK) return dtr__layer_status(m);
+    k[0] = kh, k[1] = kw;
+    return dtr__conv_layer_params(m, name, fn, in, out, 2, k, l->conv.groups, bias, 0, init, &l->weight, &l->bias);
+}
+
+dtr_result dtr_conv_transpose2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out,
+                                           int kh, int kw, const dtr_conv_config *cfg, int bias, dtr_init init) {
+    const char *fn = "dtr_conv_transpose2d_layer_init";
+    int k[2];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    if (dtr__conv2d_layer_setup(l, m, name, fn, in, out, kh, kw, cfg) != DTR_OK) return dtr__layer_status(m);
+    l->transposed = 1;
+    k[0] = kh, k[1] = kw;
+    return dtr__conv_layer_params(m, name, fn, out, in, 2, k, l->conv.groups, bias, 1, init, &l->weight, &l->bias);
 }
 
 dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
@@ -14389,7 +14573,8 @@ dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *
 dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x) {
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_conv2d_layer_forward: layer is NULL");
-    return dtr_conv2d_ex(ctx, x, l->weight, l->bias, &l->conv);
+    return l->transposed ? dtr_conv_transpose2d(ctx, x, l->weight, l->bias, &l->conv)
+                         : dtr_conv2d_ex(ctx, x, l->weight, l->bias, &l->conv);
 }
 
 dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
@@ -14401,7 +14586,8 @@ dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *l, dtr_model *m, const char *
     if (stride <= 0 || padding < 0 || dilation <= 0)
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv1d_layer_init: '%s' has stride %d, padding %d, "
                          "dilation %d", name ? name : "", stride, padding, dilation);
-    return dtr__conv_layer_params(m, name, "dtr_conv1d_layer_init", in, out, 1, &k, groups, bias, init, &l->weight, &l->bias);
+    return dtr__conv_layer_params(m, name, "dtr_conv1d_layer_init", in, out, 1, &k, groups, bias, 0, init, &l->weight,
+                                  &l->bias);
 }
 
 dtr_tensor *dtr_conv1d_layer_forward(dtr_context *ctx, const dtr_conv1d_layer *l, dtr_tensor *x) {
@@ -14648,7 +14834,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14652 "dtrain.h"
+#line 14838 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14924,7 +15110,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14928 "dtrain.h"
+#line 15114 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15097,7 +15283,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 15101 "dtrain.h"
+#line 15287 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15352,7 +15538,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15356 "dtrain.h"
+#line 15542 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15897,7 +16083,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15901 "dtrain.h"
+#line 16087 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16035,7 +16221,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16039 "dtrain.h"
+#line 16225 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16382,7 +16568,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16386 "dtrain.h"
+#line 16572 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16448,7 +16634,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16452 "dtrain.h"
+#line 16638 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16685,7 +16871,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16689 "dtrain.h"
+#line 16875 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17434,7 +17620,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17438 "dtrain.h"
+#line 17624 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17887,7 +18073,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17891 "dtrain.h"
+#line 18077 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17943,7 +18129,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17947 "dtrain.h"
+#line 18133 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18720,7 +18906,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18724 "dtrain.h"
+#line 18910 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19301,7 +19487,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19305 "dtrain.h"
+#line 19491 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19932,7 +20118,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19936 "dtrain.h"
+#line 20122 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20728,7 +20914,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20732 "dtrain.h"
+#line 20918 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21081,7 +21267,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21085 "dtrain.h"
+#line 21271 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21271,7 +21457,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21275 "dtrain.h"
+#line 21461 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21452,7 +21638,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21456 "dtrain.h"
+#line 21642 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22227,7 +22413,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22231 "dtrain.h"
+#line 22417 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22744,7 +22930,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22748 "dtrain.h"
+#line 22934 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23539,7 +23725,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23543 "dtrain.h"
+#line 23729 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24787,7 +24973,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24791 "dtrain.h"
+#line 24977 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25409,7 +25595,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25413 "dtrain.h"
+#line 25599 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25910,7 +26096,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25914 "dtrain.h"
+#line 26100 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26640,7 +26826,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26644 "dtrain.h"
+#line 26830 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26876,7 +27062,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26880 "dtrain.h"
+#line 27066 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27005,7 +27191,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27009 "dtrain.h"
+#line 27195 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27442,7 +27628,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27446 "dtrain.h"
+#line 27632 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27935,7 +28121,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27939 "dtrain.h"
+#line 28125 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28484,7 +28670,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28488 "dtrain.h"
+#line 28674 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28990,7 +29176,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28994 "dtrain.h"
+#line 29180 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30539,7 +30725,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30543 "dtrain.h"
+#line 30729 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30593,7 +30779,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30597 "dtrain.h"
+#line 30783 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31771,7 +31957,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31775 "dtrain.h"
+#line 31961 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32674,7 +32860,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32678 "dtrain.h"
+#line 32864 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34152,7 +34338,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34156 "dtrain.h"
+#line 34342 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34165,7 +34351,8 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
  * its time exactly. Marks come from the thread that drives the context; nothing is locked.
  *
  * FLOPs. Each op's forward and backward count by kind: matmul and linear 2*M*N*K (+ one per
- * output for a bias), conv2d 2*out*Cin*kh*kw (+ bias), their backward twice the products
+ * output for a bias), conv2d 2*out*Cin*kh*kw (+ bias), a transposed one 2*in*Cout*kh*kw (+ bias),
+ * their backward twice the products
  * (the gradients of both operands) plus the bias's sum; views and communication ops none; everything else
  * (element-wise, reductions, softmax, losses) one per element of its largest tensor.
  * Attention (dtr_attention, one fused op) counts what its unfused form would: q k^T and P v,
@@ -34328,7 +34515,7 @@ static double dtr__obs_numel(const dtr_tensor *t) { return t ? (double)dtr__nume
 
 /* 1 when n adds a bias (one FLOP per output) to its products */
 static int dtr__obs_has_bias(const dtr__node *n) {
-    return (n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D) && n->n_in > 2 && n->in[2];
+    return (n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) && n->n_in > 2 && n->in[2];
 }
 
 /* forward FLOPs of node n (see the header comment) */
@@ -34343,6 +34530,10 @@ static double dtr__obs_flops(const dtr__node *n) {
     case DTR_OP_CONV2D: {
         const dtr_tensor *w = n->in[1];   /* (Cout, Cin, kh, kw) */
         return 2.0 * out * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
+    }
+    case DTR_OP_CONV_TRANSPOSE2D: {   /* each input element times its (Cout / G, kh, kw) weights */
+        const dtr_tensor *w = n->in[1];
+        return 2.0 * dtr__obs_numel(n->in[0]) * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
     case DTR_OP_ATTENTION: {   /* q (B, Tq, C), k, v (B, Tk, C), H heads: every score counted, causal or not */
         const dtr_tensor *q = n->in[0];
@@ -34361,7 +34552,7 @@ static double dtr__obs_flops(const dtr__node *n) {
 
 void dtr__obs_op(dtr_metrics *m, const dtr__node *n, int bwd, double t0, double t1) {
     double f = dtr__obs_flops(n);
-    if (bwd && (n->op == DTR_OP_MATMUL || n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D)) {
+    if (bwd && (n->op == DTR_OP_MATMUL || n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D)) {
         double bias = dtr__obs_has_bias(n) ? dtr__obs_numel(n->out) : 0.0;
         f = 2.0 * (f - bias) + bias;   /* both operands' gradients; the bias's is a sum */
     }
@@ -34536,7 +34727,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34540 "dtrain.h"
+#line 34731 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34685,7 +34876,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34689 "dtrain.h"
+#line 34880 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -11,6 +11,8 @@
  *             fm_evaluate_loader  accuracy over a loader with gradients and training mode off
  *   models    fm_net_init      MLP 784-256-128-10, or the small CNN (see fm_net below)
  *             fm_net_forward   (B, 784) images -> (B, 10) logits
+ *             fm_autoencoder_init / _forward / _epoch / _mse  a convolutional autoencoder
+ *             (images -> images) and its training pass and score; fm_mean_image_mse its reference
  *   training  fm_train_epoch   one pass of mini-batch SGD over a shuffled order
  *             fm_evaluate      accuracy with gradients off and training mode off
  *             fm_sgd           SGD with momentum, constant or cosine learning rate
@@ -245,6 +247,102 @@ FM_FN dtr_tensor *fm_net_forward(dtr_context *ctx, const fm_net *net, dtr_tensor
         h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &net->fc1, h));                   /* (B, 128) */
         return dtr_linear_layer_forward(ctx, &net->fc2, h);                               /* (B, 10) */
     }
+}
+
+/** A convolutional autoencoder (examples/fmnist_autoencoder.c, tests/test_train.c): strided
+ *  convolutions down to an 8 x 7 x 7 code (392 numbers for 784 pixels), transposed ones back up.
+ *  (B, 1, 28, 28) -> enc1 3x3/2 16 -> relu -> (B, 16, 14, 14) -> enc2 3x3/2 8 -> relu -> (B, 8, 7, 7)
+ *  -> dec1 3x3/2 16 (output padding 1) -> relu -> (B, 16, 14, 14) -> dec2 3x3/2 1 -> (B, 1, 28, 28). */
+typedef struct fm_autoencoder {
+    dtr_model *model;
+    dtr_conv2d_layer enc1, enc2, dec1, dec2;
+} fm_autoencoder;
+
+FM_FN dtr_result fm_autoencoder_init(fm_autoencoder *ae, dtr_context *ctx, uint64_t seed) {
+    dtr_conv_config c = dtr_conv_config_init();
+    dtr_result r;
+    memset(ae, 0, sizeof *ae);
+    c.stride[0] = c.stride[1] = 2;
+    c.padding[0] = c.padding[1] = 1;
+    if ((r = dtr_model_create(ctx, seed, &ae->model)) != DTR_OK) return r;
+    if ((r = dtr_conv2d_layer_init_ex(&ae->enc1, ae->model, "enc1", 1, 16, 3, 3, &c, 1, DTR_INIT_TORCH_DEFAULT)) != DTR_OK ||
+        (r = dtr_conv2d_layer_init_ex(&ae->enc2, ae->model, "enc2", 16, 8, 3, 3, &c, 1, DTR_INIT_TORCH_DEFAULT)) != DTR_OK)
+        return r;
+    c.output_padding[0] = c.output_padding[1] = 1;   /* 7 -> 14 -> 28, not 13 -> 25 */
+    if ((r = dtr_conv_transpose2d_layer_init(&ae->dec1, ae->model, "dec1", 8, 16, 3, 3, &c, 1, DTR_INIT_TORCH_DEFAULT)) != DTR_OK ||
+        (r = dtr_conv_transpose2d_layer_init(&ae->dec2, ae->model, "dec2", 16, 1, 3, 3, &c, 1, DTR_INIT_TORCH_DEFAULT)) != DTR_OK)
+        return r;
+    return dtr_model_build(ae->model);
+}
+
+/** x (B, 784) -> its reconstruction (B, 784). NULL on error (the context holds it). */
+FM_FN dtr_tensor *fm_autoencoder_forward(dtr_context *ctx, const fm_autoencoder *ae, dtr_tensor *x) {
+    int64_t img[4], flat[2];
+    dtr_tensor *h;
+    img[0] = flat[0] = dtr_tensor_dim(x, 0); img[1] = 1; img[2] = img[3] = 28; flat[1] = FM_PIXELS;
+    h = dtr_reshape(ctx, x, 4, img);
+    h = dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &ae->enc1, h));   /* (B, 16, 14, 14) */
+    h = dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &ae->enc2, h));   /* (B, 8, 7, 7): the code */
+    h = dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &ae->dec1, h));   /* (B, 16, 14, 14) */
+    return dtr_reshape(ctx, dtr_conv2d_layer_forward(ctx, &ae->dec2, h), 2, flat);
+}
+
+/** One pass over images X[order[i]] (i < n) in mini-batches of `batch` (the last one may be
+ *  smaller; `buf` holds batch * 784 floats): the reconstruction's MSE against the image,
+ *  backward, an optimizer step. *mean_loss: the pass's mean loss. */
+FM_FN dtr_result fm_autoencoder_epoch(dtr_context *ctx, const fm_autoencoder *ae, dtr_optimizer *opt, const float *X,
+                                      const int32_t *order, int64_t n, int64_t batch, float *buf, double *mean_loss) {
+    int64_t i, k, xs[2];
+    double sum = 0.0;
+    dtr_result r;
+    dtr_context_set_training(ctx, 1);
+    dtr_context_set_grad_enabled(ctx, 1);
+    for (i = 0; i < n; i += batch) {
+        dtr_tensor *x, *loss;
+        xs[0] = n - i < batch ? n - i : batch; xs[1] = FM_PIXELS;
+        for (k = 0; k < xs[0]; k++) memcpy(buf + k * FM_PIXELS, X + (int64_t)order[i + k] * FM_PIXELS, FM_PIXELS * sizeof(float));
+        x = dtr_tensor_from(ctx, DTR_F32, 2, xs, buf);
+        if (!(loss = dtr_mse(ctx, fm_autoencoder_forward(ctx, ae, x), x))) return dtr_context_status(ctx);
+        if ((r = dtr_backward(ctx, loss)) != DTR_OK) return r;
+        sum += (double)dtr_tensor_get(loss, 0) * (double)xs[0];
+        if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK || (r = dtr_context_reset(ctx)) != DTR_OK) return r;
+    }
+    *mean_loss = n ? sum / (double)n : 0.0;
+    return DTR_OK;
+}
+
+/** The mean squared reconstruction error over images X[0 .. n) (gradients and training mode
+ *  off, batches of 500), in *mse. */
+FM_FN dtr_result fm_autoencoder_mse(dtr_context *ctx, const fm_autoencoder *ae, const float *X, int64_t n, double *mse) {
+    int64_t i, xs[2];
+    double sum = 0.0;
+    dtr_result r = DTR_OK;
+    dtr_context_set_training(ctx, 0);
+    dtr_context_set_grad_enabled(ctx, 0);
+    for (i = 0; i < n && r == DTR_OK; i += 500) {
+        dtr_tensor *x, *loss;
+        xs[0] = n - i < 500 ? n - i : 500; xs[1] = FM_PIXELS;
+        x = dtr_tensor_from(ctx, DTR_F32, 2, xs, X + i * FM_PIXELS);
+        if (!(loss = dtr_mse(ctx, fm_autoencoder_forward(ctx, ae, x), x))) r = dtr_context_status(ctx);
+        else sum += (double)dtr_tensor_get(loss, 0) * (double)xs[0];
+        if (r == DTR_OK) r = dtr_context_reset(ctx);
+    }
+    dtr_context_set_grad_enabled(ctx, 1);
+    *mse = n ? sum / (double)n : 0.0;
+    return r;
+}
+
+/** The error of the best constant guess: each pixel's mean over the first `n_fit` images of
+ *  F, scored on X[0 .. n) (the reference an autoencoder must beat). */
+FM_FN double fm_mean_image_mse(const float *F, int64_t n_fit, const float *X, int64_t n) {
+    double mean[FM_PIXELS] = {0.0}, sum = 0.0;
+    int64_t i;
+    int p;
+    for (i = 0; i < n_fit; i++)
+        for (p = 0; p < FM_PIXELS; p++) mean[p] += F[i * FM_PIXELS + p] / (double)n_fit;
+    for (i = 0; i < n; i++)
+        for (p = 0; p < FM_PIXELS; p++) sum += (X[i * FM_PIXELS + p] - mean[p]) * (X[i * FM_PIXELS + p] - mean[p]);
+    return n ? sum / ((double)n * FM_PIXELS) : 0.0;
 }
 
 /* ---- training and evaluation ---- */

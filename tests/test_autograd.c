@@ -491,7 +491,7 @@ static const char *const k_op_ids[] = {
     "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
     "checkpoint", "attention", "silu", "rmsnorm", "rope",                                     /* 39..43 */
     "exp", "log", "sqrt", "pow", "clamp", "leaky_relu", "softplus", "maximum", "minimum",     /* 44..52 */
-    "batchnorm", "lstm_cell"                                                                  /* 53..54 */
+    "batchnorm", "lstm_cell", "conv_transpose2d"                                              /* 53..55 */
 };
 
 static void test_op_names(void) {

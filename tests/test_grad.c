@@ -357,6 +357,23 @@ static dtr_tensor *b_conv_ex(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_conv2d_ex(c, x[0], x[1], bias, &cfg);
 }
 
+/* dtr_conv_transpose2d's geometries: {stride h, w, padding h, w, dilation h, w, output padding
+   h, w, groups}; the case's arguments as b_conv_ex's */
+static const int k_convt_geom[][9] = {
+    {2, 2, 1, 1, 1, 1, 1, 1, 1},   /* an upsampling by 2 (output padding: 2H, 2W) */
+    {1, 2, 0, 1, 2, 1, 0, 1, 2},   /* 2 groups, dilated rows, width stride 2 */
+    {1, 1, 0, 0, 1, 1, 0, 0, 1},   /* more inputs than a column block's rows: dW split by rows */
+};
+
+static dtr_tensor *b_convt(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *g = k_convt_geom[((const int *)u)[0]];
+    dtr_conv_config cfg = dtr_conv_config_init();
+    cfg.stride[0] = g[0], cfg.stride[1] = g[1], cfg.padding[0] = g[2], cfg.padding[1] = g[3];
+    cfg.dilation[0] = g[4], cfg.dilation[1] = g[5], cfg.output_padding[0] = g[6], cfg.output_padding[1] = g[7];
+    cfg.groups = g[8];
+    return dtr_conv_transpose2d(c, x[0], x[1], ((const int *)u)[1] ? x[2] : NULL, &cfg);
+}
+
 static dtr_tensor *b_pool(dtr_context *c, dtr_tensor **x, void *u) {
     switch (*(int *)u) {
     case 0: return dtr_maxpool2d(c, x[0], 2, 0, 0);
@@ -578,6 +595,10 @@ static const op_case CASES[] = {
     {"conv2d 2 groups, 12 outputs of 4 columns, bias", 3, {IN4(2, 4, 3, 4), IN4(12, 2, 1, 2), IN1(12)}, b_conv_ex, {3, 1, 0}, 0, NULL},
     {"conv1d dilation 2, 2 groups, pad 2, bias", 3, {IN3(2, 4, 9), IN3(6, 2, 3), IN1(6)}, b_conv_ex, {4, 1, 0}, 0, NULL},
     {"conv1d stride 2", 2, {IN3(2, 3, 8), IN3(4, 3, 3)}, b_conv_ex, {5, 0, 0}, 0, NULL},
+    {"conv_transpose2d stride 2 pad 1 output padding 1 bias", 3, {IN4(2, 3, 4, 3), IN4(3, 4, 3, 3), IN1(4)}, b_convt, {0, 1, 0}, 0,
+     NULL},
+    {"conv_transpose2d 2 groups, stride (1, 2), dilation (2, 1)", 2, {IN4(2, 4, 3, 4), IN4(4, 3, 2, 3)}, b_convt, {1, 0, 0}, 0, NULL},
+    {"conv_transpose2d 6 inputs, 1 x 2 kernel, bias", 3, {IN4(2, 6, 3, 3), IN4(6, 1, 1, 2), IN1(1)}, b_convt, {2, 1, 0}, 0, NULL},
     {"maxpool 2", 1, {{4, {2, 2, 6, 7}, 2}}, b_pool, KA(0), 0, NULL},
     {"maxpool 3 stride 2 pad 1", 1, {{4, {2, 2, 6, 7}, 2}}, b_pool, KA(1), 0, NULL},
     {"avgpool 2", 1, {IN4(2, 2, 6, 7)}, b_pool, KA(2), 0, NULL},

@@ -20,7 +20,9 @@
  *   test_conv_torch       dtr_conv2d_layer_init_ex (2 x 3 kernel, stride (2, 1), padding (1, 2),
  *                         dilation (2, 1), 2 groups) against nn.Conv2d and a depthwise dilated
  *                         dtr_conv1d_layer against nn.Conv1d: outputs and the gradients of x,
- *                         weight and bias, at 1 and 2 threads.
+ *                         weight and bias, at 1 and 2 threads; a transposed convolution layer
+ *                         (stride 2, output padding, dilation, 2 groups) against
+ *                         nn.ConvTranspose2d likewise.
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -468,17 +470,29 @@ static const double k_c1_gw[12] = {5.62383611, 6.69624645, 5.84746407, -2.559766
                                    -11.5843915, -8.79944101, 3.48221196, 1.88921062, -0.421447559};
 static const double k_c1_gb[4] = {13.1798591, 5.86078444, -14.80628, -1.75190746};
 
+/* nn.ConvTranspose2d(4, 6, (3, 2), stride 2, padding (1, 0), output_padding (1, 1), groups 2,
+   dilation (1, 2)) on x (2, 4, 3, 4), x[k] = sin(0.43k) + 0.01k, weight[k] = 0.25 cos(0.37k),
+   bias[o] = 0.2 - 0.05o, R[k] = cos(0.13k); y (2, 6, 6, 10) (positions no input reaches hold the
+   bias) */
+static const int k_ct_at[8] = {0, 7, 33, 58, 101, 150, 222, 287};
+static const int k_ct_at_x[6] = {0, 9, 23, 47, 61, 95};
+static const double k_ct_y[8] = {0.114320608, 0.2, 0.2, 0.294646058, 0.15, 0.559672335, -0.162398557, 0};
+static const double k_ct_gx[6] = {0.273056071, -1.14853018, -0.971778174, -0.0702572904, 0.267796071, -0.476624354};
+static const double k_ct_gw[9] = {0.903820449, -4.43931923, 6.88560176, 0.324651738, 7.55030187, -1.61948426, 6.85751314,
+                                  -1.95300154, 4.02117023};
+static const double k_ct_gb[6] = {-1.73046409, -3.03263104, 1.40321033, 3.18405265, -1.05961653, -3.29839676};
+
 /* y = the layer's forward of x (n values from xs), then backward of sum(y R) */
 static dtr_tensor *conv_step(dtr_context *ctx, const void *layer, int one_d, int nd, const int64_t *shape, const float *xs,
                              dtr_tensor **x, int sine) {
-    float rs[400];
+    float rs[720];
     dtr_tensor *y;
     *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, nd, shape, xs));
     y = one_d ? dtr_conv1d_layer_forward(ctx, (const dtr_conv1d_layer *)layer, *x)
               : dtr_conv2d_layer_forward(ctx, (const dtr_conv2d_layer *)layer, *x);
-    CHECK(y != NULL && dtr_tensor_numel(y) <= 400);
+    CHECK(y != NULL && dtr_tensor_numel(y) <= 720);
     if (!y) return NULL;
-    fill(rs, (int)dtr_tensor_numel(y), 1.0, sine ? 0.19 : 0.17, 0.0, !sine);
+    fill(rs, (int)dtr_tensor_numel(y), 1.0, sine == 1 ? 0.19 : sine == 2 ? 0.13 : 0.17, 0.0, sine != 1);
     {
         int64_t n = dtr_tensor_numel(y);
         CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, dtr_reshape(ctx, y, 1, &n), dtr_tensor_from(ctx, DTR_F32, 1, &n, rs)))));
@@ -546,9 +560,42 @@ static void check_conv1d_torch(int threads) {
     dtr_context_destroy(ctx);
 }
 
+static void check_conv_transpose_torch(int threads) {
+    dtr_context *ctx = test_ctx(threads);
+    dtr_model *m;
+    dtr_conv2d_layer cv;
+    dtr_conv_config c = dtr_conv_config_init();
+    float xs[96], w[72], b[6], ys[720], got[9];
+    int64_t shape[4] = {2, 4, 3, 4};
+    dtr_tensor *x, *y;
+    int k;
+    for (k = 0; k < 96; k++) xs[k] = (float)(sin(0.43 * k) + 0.01 * k);
+    for (k = 0; k < 72; k++) w[k] = (float)(0.25 * cos(0.37 * k));
+    for (k = 0; k < 6; k++) b[k] = (float)(0.2 - 0.05 * k);
+    c.stride[0] = c.stride[1] = 2; c.padding[0] = 1; c.output_padding[0] = c.output_padding[1] = 1;
+    c.dilation[1] = 2; c.groups = 2;
+    dtr_model_create(ctx, 1, &m);
+    CHECK_OK(ctx, dtr_conv_transpose2d_layer_init(&cv, m, "up", 4, 6, 3, 2, &c, 1, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_model_build(m));
+    CHECK(dtr_tensor_dim(cv.weight, 0) == 4 && dtr_tensor_dim(cv.weight, 1) == 3 && dtr_tensor_dim(cv.bias, 0) == 6);
+    dtr_tensor_write(cv.weight, DTR_F32, w, 72), dtr_tensor_write(cv.bias, DTR_F32, b, 6);
+    y = conv_step(ctx, &cv, 0, 4, shape, xs, &x, 2);
+    CHECK(y && dtr_tensor_dim(y, 1) == 6 && dtr_tensor_dim(y, 2) == 6 && dtr_tensor_dim(y, 3) == 10);
+    if (y) {
+        dtr_tensor_read(y, DTR_F32, ys, 720);
+        pick(ys, k_ct_at, 8, got), check_near("conv_transpose2d", got, k_ct_y, 8);
+        pick(dtr_tensor_grad(x), k_ct_at_x, 6, got), check_near("conv_transpose2d: x's gradient", got, k_ct_gx, 6);
+        for (k = 0; k < 9; k++) got[k] = dtr_tensor_grad(cv.weight)[8 * k];
+        check_near("conv_transpose2d: weight's gradient", got, k_ct_gw, 9);
+        check_near("conv_transpose2d: bias's gradient", dtr_tensor_grad(cv.bias), k_ct_gb, 6);
+    }
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
 static void test_conv_torch(void) {
     int t;
-    for (t = 1; t <= 2; t++) check_conv2d_torch(t), check_conv1d_torch(t);
+    for (t = 1; t <= 2; t++) check_conv2d_torch(t), check_conv1d_torch(t), check_conv_transpose_torch(t);
 }
 
 /* each call fails with `code` and gives no tensor */
@@ -558,7 +605,7 @@ static void expect_fail(dtr_context *ctx, dtr_tensor *y, dtr_result code, const 
 }
 
 static void check_conv_errors(dtr_context *ctx, dtr_model *m) {
-    int64_t xs[4] = {1, 4, 5, 5}, ws[4] = {6, 2, 3, 3}, x1[3] = {1, 4, 5}, w1[3] = {4, 1, 3};
+    int64_t xs[4] = {1, 4, 5, 5}, ws[4] = {6, 2, 3, 3}, x1[3] = {1, 4, 5}, w1[3] = {4, 1, 3}, wt[4] = {4, 1, 3, 3};
     dtr_tensor *x = dtr_tensor_zeros(ctx, DTR_F32, 4, xs), *w = dtr_tensor_zeros(ctx, DTR_F32, 4, ws);
     dtr_conv_config c = dtr_conv_config_init();
     dtr_conv1d_layer l1;
@@ -574,6 +621,17 @@ static void check_conv_errors(dtr_context *ctx, dtr_model *m) {
     expect_fail(ctx, dtr_conv1d(ctx, x, w, NULL, 1, 0, 1, 2), DTR_SHAPE_MISMATCH, "conv1d of a 4-D x");
     expect_fail(ctx, dtr_conv1d(ctx, dtr_tensor_zeros(ctx, DTR_F32, 3, x1), dtr_tensor_zeros(ctx, DTR_F32, 3, w1), NULL, 0, 0, 1, 4),
                 DTR_INVALID_ARGUMENT, "conv1d stride 0");
+    c = dtr_conv_config_init(), c.output_padding[0] = 1;
+    expect_fail(ctx, dtr_conv2d_ex(ctx, x, dtr_tensor_zeros(ctx, DTR_F32, 4, xs), NULL, &c), DTR_INVALID_ARGUMENT,
+                "a convolution's output padding");
+    expect_fail(ctx, dtr_conv_transpose2d(ctx, x, w, NULL, &c), DTR_INVALID_ARGUMENT, "output padding 1 at stride 1");
+    c.output_padding[0] = 0;
+    expect_fail(ctx, dtr_conv_transpose2d(ctx, x, w, NULL, &c), DTR_SHAPE_MISMATCH, "w (6, ...) for 4 input channels");
+    c.padding[0] = 4;   /* (5 - 1) + 3 - 8 < 1 */
+    expect_fail(ctx, dtr_conv_transpose2d(ctx, x, dtr_tensor_zeros(ctx, DTR_F32, 4, wt), NULL, &c), DTR_SHAPE_MISMATCH,
+                "a transposed convolution padded to nothing");
+    c.padding[0] = 1;   /* the same w fits */
+    CHECK(dtr_conv_transpose2d(ctx, x, dtr_tensor_zeros(ctx, DTR_F32, 4, wt), NULL, &c) != NULL);
     CHECK(dtr_conv1d_layer_init(&l1, m, "c1", 4, 6, 3, 1, 0, 1, 4, 1, DTR_INIT_TORCH_DEFAULT) == DTR_INVALID_ARGUMENT);
     dtr_context_clear_error(ctx);
     CHECK(dtr_conv1d_layer_init(&l1, m, "c1", 4, 4, 3, 1, 0, 0, 4, 1, DTR_INIT_TORCH_DEFAULT) == DTR_INVALID_ARGUMENT);

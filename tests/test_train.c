@@ -21,6 +21,10 @@
  *                        (>= 97% accuracy); a line y = 3x + 1 with 10% of the targets moved by
  *                        +40 fitted with dtr_huber_loss lands near (3, 1), where dtr_mse's fit
  *                        is pulled off by the outliers.
+ *   test_autoencoder_fmnist the convolutional autoencoder of examples/fmnist_autoencoder.c
+ *                        (strided convolutions down, transposed ones up) on 6000 training
+ *                        images, 2 epochs: its test reconstruction error is below a quarter of
+ *                        the mean image's (about a tenth).
  *   test_mlp_fmnist_bf16 the MLP, 1 epoch on 30000 images (10000 quick), with f32 and with bf16
  *                        activations: bf16 within a point of f32's test accuracy.
  *
@@ -148,6 +152,37 @@ static void test_cnn_fmnist(void) {
     /* quick (sanitizer) runs score the first 2000 test images only */
     acc = train_fmnist(FM_CNN, 6000, 1, g_quick ? 2000 : g_data.test_n, 1, DTR_F32);
     CHECK_MSG(acc >= 0.70, "CNN, 6000 images, 1 epoch: test accuracy %.4f < 0.70", acc);
+}
+
+static void test_autoencoder_fmnist(void) {
+    dtr_context *ctx;
+    dtr_optimizer *opt = NULL;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.002f);
+    fm_autoencoder ae;
+    dtr_rng rng;
+    int32_t order[6000];
+    float *buf = (float *)malloc(64 * FM_PIXELS * sizeof(float));
+    double loss = 0.0, mse = 0.0, base;
+    int64_t n_test;
+    int e;
+    if (!need_data() || !buf) { free(buf); return; }
+    ctx = test_ctx(THREADS);
+    n_test = g_quick ? 1000 : 5000;
+    CHECK_OK(ctx, fm_autoencoder_init(&ae, ctx, 3));
+    CHECK_OK(ctx, dtr_optimizer_create(ae.model, &oc, &opt));
+    dtr_rng_seed(&rng, 3, 7);
+    for (e = 0; e < 2 && !test__case_failed; e++) {
+        fm_shuffle(&rng, order, 6000);
+        CHECK_OK(ctx, fm_autoencoder_epoch(ctx, &ae, opt, g_data.train_x, order, 6000, 64, buf, &loss));
+    }
+    CHECK_OK(ctx, fm_autoencoder_mse(ctx, &ae, g_data.test_x, n_test, &mse));
+    base = fm_mean_image_mse(g_data.train_x, 6000, g_data.test_x, n_test);
+    printf("    autoencoder, 6000 images x 2 epochs: train loss %.4f, test MSE %.4f, the mean image's %.4f\n", loss, mse, base);
+    CHECK_MSG(mse > 0.0 && mse < 0.25 * base, "autoencoder: test MSE %.4f not below a quarter of the mean image's %.4f", mse, base);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(ae.model);
+    dtr_context_destroy(ctx);
+    free(buf);
 }
 
 /* ---- determinism across thread counts ---- */
@@ -527,6 +562,7 @@ int main(void) {
     RUN(test_mlp_fmnist);
     RUN(test_mlp_fmnist_bf16);
     RUN(test_cnn_fmnist);
+    RUN(test_autoencoder_fmnist);
     dtr_mnist_destroy(&g_data);
     return test_summary();
 }

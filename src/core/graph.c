@@ -179,7 +179,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     }
     h = dtr__fnv_tensor(h, n->out);
     if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
-    if (n->op == DTR_OP_CONV2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
+    if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
     return dtr__graph_note(g, slot, n->op, h);
 }
 

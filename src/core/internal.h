@@ -178,14 +178,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
-    X(LSTM_CELL, "lstm_cell", lstm)
+    X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 55
+#define DTR__OP_COUNT_EXPECTED 56
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -198,7 +198,7 @@ const char *dtr__op_name(int op);
 
 /* ---- typed op parameters: what an op means, recorded by its builder ---- */
 
-typedef struct dtr__conv2d_params {   /* CONV2D: per axis (height, width) */
+typedef struct dtr__conv2d_params {   /* CONV2D, CONV_TRANSPOSE2D: per axis (height, width) */
     int64_t stride[2], padding[2], dilation[2];
     int64_t groups;                   /* C and O divide into groups; w (O, C / groups, KH, KW) */
 } dtr__conv2d_params;

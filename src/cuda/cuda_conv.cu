@@ -30,8 +30,11 @@ static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
     if (k_pool) {
         g.O = g.C; g.KH = g.KW = k_pool;
         g.SH = g.SW = nd->p.pool2d.stride; g.PH = g.PW = nd->p.pool2d.padding;
-    } else {
+    } else {   /* a transposed convolution: the image is y, the products x */
         const dtr__conv2d_params *p = &nd->p.conv2d;
+        const dtr_tensor *img = nd->op == DTR_OP_CONV2D ? x : nd->out, *prod = nd->op == DTR_OP_CONV2D ? nd->out : x;
+        g.N = img->shape[0]; g.C = img->shape[1]; g.H = img->shape[2]; g.W = img->shape[3];
+        g.Ho = prod->shape[2]; g.Wo = prod->shape[3];
         g.O = nd->in[1]->shape[0]; g.KH = nd->in[1]->shape[2]; g.KW = nd->in[1]->shape[3];
         g.SH = p->stride[0]; g.SW = p->stride[1]; g.PH = p->padding[0]; g.PW = p->padding[1];
         g.DH = p->dilation[0]; g.DW = p->dilation[1]; g.G = p->groups;
@@ -119,10 +122,19 @@ static const void *dtr__cuda_conv_w(dtr_context *ctx, const dtr__node *nd, const
     return c->p == DTR_F32 ? dtr__data(nd->in[1]) : dtr__cuda_as16(ctx, dtr__data(nd->in[1]), nd->in[1]->dtype, c->p, n, at);
 }
 
+/* y_n[q] (og, P) = W[q] (og, ckk) col_n[q] (ckk, P; row stride N P) + beta y_n[q], y (N, O, P): one product over the
+   items (q, n); ptrs: 3 G N pointers of scratch */
+static dtr_result dtr__cuda_conv_apply(dtr_context *ctx, const dtr__cuda_conv *g, const dtr__cuda_conv_t *c, const void *W,
+                                       const void *col, float beta, void *y, void **ptrs) {
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo;
+    dtr__cuda_bstride sw = {og * ckk, 0, c->es}, sc = {ckk * g->N * P, P, c->es}, sy = {og * P, g->O * P, c->es};
+    return dtr__cuda_gemm2(ctx, c->t, og, P, ckk, 1.0f, W, ckk, 1, sw, col, g->N * P, 1, sc, beta, y, P, sy, g->G, g->N, ptrs);
+}
+
 static dtr_result dtr__cuda_conv2d_run_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
     dtr__cuda_conv_t c = dtr__cuda_conv_types(ctx, nd);
-    int64_t ckk = g.C / g.G * g.KH * g.KW, og = g.O / g.G, P = g.Ho * g.Wo, w16 = c.p == DTR_F32 ? 0 : dtr__cuda_align256(g.O * ckk * 2);
+    int64_t ckk = g.C / g.G * g.KH * g.KW, P = g.Ho * g.Wo, w16 = c.p == DTR_F32 ? 0 : dtr__cuda_align256(g.O * ckk * 2);
     const dtr_tensor *bias = nd->n_in > 2 ? nd->in[2] : NULL;
     char *col = (char *)dtr__node_save(ctx, nd, (size_t)(g.N * g.G * ckk * P + 1) * (size_t)c.es), *at; /* kept for backward */
     const void *W;
@@ -140,18 +152,14 @@ static dtr_result dtr__cuda_conv2d_run_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->out),
                                                                                       dtr__cuda_mem_of(bias), g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    {   /* y_n[q] (og, P) = W[q] (og, ckk) col_n[q] (ckk, P; row stride N P) (+ the bias already there): items (q, n) */
-        dtr__cuda_bstride sw = {og * ckk, 0, c.es}, sc = {ckk * g.N * P, P, c.es}, sy = {og * P, g.O * P, c.es};
-        return dtr__cuda_gemm2(ctx, c.t, og, P, ckk, 1.0f, W, ckk, 1, sw, col, g.N * P, 1, sc, bias ? 1.0f : 0.0f,
-                               dtr__data(nd->out), P, sy, g.G, g.N, (void **)at);   /* (at: past the rounded weight) */
-    }
+    return dtr__cuda_conv_apply(ctx, &g, &c, W, col, bias ? 1.0f : 0.0f, dtr__data(nd->out), (void **)at);   /* (at: past the rounded weight) */
 }
 
 /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) and gcol (G ckk, NP) = W^T gy, one product per group */
-static dtr_result dtr__cuda_conv2d_products(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_conv *g, const dtr__cuda_conv_t *c,
+static dtr_result dtr__cuda_conv2d_products(dtr_context *ctx, const void *col, const dtr__cuda_conv *g, const dtr__cuda_conv_t *c,
                                             const char *gyt, const void *W, float *gw, float *gcol) {
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, NP = g->N * g->Ho * g->Wo;
-    if (gw && dtr__cuda_gemm_as(ctx, c->tg, og, ckk, NP, 1.0f, gyt, NP, 1, og * NP, nd->saved, 1, NP, ckk * NP, 1.0f, gw, ckk,
+    if (gw && dtr__cuda_gemm_as(ctx, c->tg, og, ckk, NP, 1.0f, gyt, NP, 1, og * NP, col, 1, NP, ckk * NP, 1.0f, gw, ckk,
                                 og * ckk, g->G) != DTR_OK)
         return ctx->status;
     if (!gcol) return DTR_OK;
@@ -184,7 +192,7 @@ static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx && !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk / g.G, &at))) return ctx->status;
     gcol = gx ? (float *)at : NULL;   /* (past the rounded weight) */
     dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gytm, g.N, g.O, P);
-    if (dtr__cuda_launched(ctx, nd) != DTR_OK || dtr__cuda_conv2d_products(ctx, nd, &g, &c, gyt, W, gw, gcol) != DTR_OK)
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK || dtr__cuda_conv2d_products(ctx, nd->saved, &g, &c, gyt, W, gw, gcol) != DTR_OK)
         return ctx->status;
     if (gx)   /* the column gradients gathered back into gx */
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
@@ -200,6 +208,68 @@ static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_conv_types(ctx, nd).p != DTR_F32 ? dtr__cuda_conv2d_run_bwd(ctx, nd)
                                                       : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_conv2d_run_bwd);
+}
+
+/* ---- transposed convolution (f32; the dispatch widens 16-bit tensors): conv2d's pieces the
+   other way round, the image y (N, C, H, W) and the products x (N, O, Ho, Wo) ---- */
+
+static const dtr__cuda_conv_t dtr__cuda_conv_f32 = {DTR_F32, 4, DTR__CUDA_F32, DTR__CUDA_F32};
+
+/* y = bias (or 0), then y += col2im(W^T x) */
+static dtr_result dtr__cuda_conv_transpose_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    int64_t NP = g.N * g.Ho * g.Wo, HW = g.H * g.W;
+    const dtr_tensor *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    float *xt, *gcol, *y = (float *)dtr__data(nd->out);
+    if (g.N * g.C * HW == 0) return DTR_OK;
+    if (bias) dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.C * HW), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->out),
+                                                                                               dtr__cuda_mem_of(bias), g.N, g.C, HW);
+    else if (dtr__cuda_check(ctx, cudaMemsetAsync(y, 0, (size_t)(g.N * g.C * HW) * sizeof(float), st), "conv_transpose2d") != DTR_OK)
+        return ctx->status;
+    if (NP == 0) return dtr__cuda_launched(ctx, nd);
+    if (!(xt = (float *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * 4) + g.C * g.KH * g.KW * NP * 4))))
+        return ctx->status;
+    gcol = (float *)((char *)xt + dtr__cuda_align256(g.O * NP * 4));
+    dtr__cuda_mem xtm = {xt, (int)DTR_F32};
+    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>((const float *)dtr__data(nd->in[0]), xtm, g.N, g.O,
+                                                                                g.Ho * g.Wo);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK ||
+        dtr__cuda_conv2d_products(ctx, NULL, &g, &dtr__cuda_conv_f32, (const char *)xt, dtr__data(nd->in[1]), NULL, gcol) != DTR_OK)
+        return ctx->status;
+    dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * HW), DTR__CUDA_THREADS, 0, st>>>(gcol, y, g);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* db = dy's channel sums; col = im2col(dy); dx += W col (conv2d's forward); dW += x^T col^T */
+static dtr_result dtr__cuda_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    int64_t NP = g.N * g.Ho * g.Wo, cols = g.C * g.KH * g.KW * NP, HW = g.H * g.W;
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL;
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    char *col, *xt;
+    if (gb && g.N * HW > 0) {
+        dtr__cuda_conv_gb_k<<<(unsigned)g.C, DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gb, g.N, g.C, HW);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
+    if ((!gx && !gw) || NP == 0) return DTR_OK;
+    /* scratch: the columns, x transposed (O, N P), the product's pointer arrays */
+    if (!(col = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(cols * 4) + dtr__cuda_align256(g.O * NP * 4) +
+                                                        3 * g.G * g.N * (int64_t)sizeof(void *)))))
+        return ctx->status;
+    xt = col + dtr__cuda_align256(cols * 4);
+    dtr__cuda_mem colm = {col, (int)DTR_F32}, xtm = {xt, (int)DTR_F32};
+    dtr__cuda_mem dy = {nd->out->grad, (int)DTR_F32};
+    dtr__cuda_im2col_k<<<dtr__cuda_grid(cols), DTR__CUDA_THREADS, 0, st>>>(dy, colm, g);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    if (gx && dtr__cuda_conv_apply(ctx, &g, &dtr__cuda_conv_f32, dtr__data(nd->in[1]), col, 1.0f, gx,
+                                   (void **)(xt + dtr__cuda_align256(g.O * NP * 4))) != DTR_OK)
+        return ctx->status;
+    if (!gw) return DTR_OK;
+    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>((const float *)dtr__data(nd->in[0]), xtm, g.N, g.O,
+                                                                                g.Ho * g.Wo);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    return dtr__cuda_conv2d_products(ctx, col, &g, &dtr__cuda_conv_f32, xt, NULL, gw, NULL);
 }
 
 /* ---- pooling: one thread per output (forward) or per input element (backward) ---- */

@@ -56,13 +56,15 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
 
 /* ---- convolution ---- */
 
-/* weight (out, in / groups, kernel...) and the bias (PyTorch's bound 1 / sqrt(fan in)) */
+/* weight (out, in / groups, kernel...) and the bias (PyTorch's bound 1 / sqrt(fan in)); a transposed
+   convolution's weight (in, out / groups, kernel...) is declared as (out, in) swapped, its bias has `in` */
 static dtr_result dtr__conv_layer_params(dtr_model *m, const char *name, const char *fn, int64_t in, int64_t out, int nk,
-                                         const int *k, int groups, int bias, dtr_init init, dtr_tensor **w, dtr_tensor **b) {
-    int64_t ws[4], fan;
+                                         const int *k, int groups, int bias, int transposed, dtr_init init, dtr_tensor **w,
+                                         dtr_tensor **b) {
+    int64_t ws[4], fan, nb = transposed ? in : out;
     int i;
     if (in <= 0 || out <= 0 || groups < 1 || in % groups || out % groups)
-        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs in %lld, out %lld > 0 divisible by "
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs channels %lld and %lld > 0 divisible by "
                          "groups %d", fn, name ? name : "", (long long)in, (long long)out, groups);
     ws[0] = out; ws[1] = fan = in / groups;
     for (i = 0; i < nk; i++) {
@@ -72,23 +74,44 @@ static dtr_result dtr__conv_layer_params(dtr_model *m, const char *name, const c
         fan *= k[i];
     }
     *w = dtr__named_param(m, name, "weight", 2 + nk, ws, init, 0.0f);
-    if (bias) *b = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)fan)));
+    if (bias) *b = dtr__named_param(m, name, "bias", 1, &nb, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)fan)));
     return dtr__layer_status(m);
+}
+
+/* the layer's fields from the arguments, the geometry's values checked */
+static dtr_result dtr__conv2d_layer_setup(dtr_conv2d_layer *l, dtr_model *m, const char *name, const char *fn, int64_t in,
+                                          int64_t out, int kh, int kw, const dtr_conv_config *cfg) {
+    int a;
+    memset(l, 0, sizeof(*l));
+    l->conv = cfg ? *cfg : dtr_conv_config_init();
+    l->in = in; l->out = out; l->kh = kh; l->kw = kw;
+    for (a = 0; a < 2; a++)
+        if (l->conv.stride[a] <= 0 || l->conv.padding[a] < 0 || l->conv.dilation[a] <= 0 || l->conv.output_padding[a] < 0)
+            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' has stride %d, padding %d, dilation %d, "
+                             "output padding %d", fn, name ? name : "", l->conv.stride[a], l->conv.padding[a],
+                             l->conv.dilation[a], l->conv.output_padding[a]);
+    return DTR_OK;
 }
 
 dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int kh, int kw,
                                     const dtr_conv_config *cfg, int bias, dtr_init init) {
-    int k[2], a;
+    const char *fn = "dtr_conv2d_layer_init";
+    int k[2];
     if (!l || !m) return DTR_NULL_HANDLE;
-    memset(l, 0, sizeof(*l));
-    l->conv = cfg ? *cfg : dtr_conv_config_init();
-    l->in = in; l->out = out; l->kh = k[0] = kh; l->kw = k[1] = kw;
-    for (a = 0; a < 2; a++)
-        if (l->conv.stride[a] <= 0 || l->conv.padding[a] < 0 || l->conv.dilation[a] <= 0)
-            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv2d_layer_init: '%s' has stride %d, padding %d, "
-                             "dilation %d", name ? name : "", l->conv.stride[a], l->conv.padding[a], l->conv.dilation[a]);
-    return dtr__conv_layer_params(m, name, "dtr_conv2d_layer_init", in, out, 2, k, l->conv.groups, bias, init, &l->weight,
-                                  &l->bias);
+    if (dtr__conv2d_layer_setup(l, m, name, fn, in, out, kh, kw, cfg) != DTR_OK) return dtr__layer_status(m);
+    k[0] = kh, k[1] = kw;
+    return dtr__conv_layer_params(m, name, fn, in, out, 2, k, l->conv.groups, bias, 0, init, &l->weight, &l->bias);
+}
+
+dtr_result dtr_conv_transpose2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out,
+                                           int kh, int kw, const dtr_conv_config *cfg, int bias, dtr_init init) {
+    const char *fn = "dtr_conv_transpose2d_layer_init";
+    int k[2];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    if (dtr__conv2d_layer_setup(l, m, name, fn, in, out, kh, kw, cfg) != DTR_OK) return dtr__layer_status(m);
+    l->transposed = 1;
+    k[0] = kh, k[1] = kw;
+    return dtr__conv_layer_params(m, name, fn, out, in, 2, k, l->conv.groups, bias, 1, init, &l->weight, &l->bias);
 }
 
 dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
@@ -102,7 +125,8 @@ dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *
 dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x) {
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_conv2d_layer_forward: layer is NULL");
-    return dtr_conv2d_ex(ctx, x, l->weight, l->bias, &l->conv);
+    return l->transposed ? dtr_conv_transpose2d(ctx, x, l->weight, l->bias, &l->conv)
+                         : dtr_conv2d_ex(ctx, x, l->weight, l->bias, &l->conv);
 }
 
 dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
@@ -114,7 +138,8 @@ dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *l, dtr_model *m, const char *
     if (stride <= 0 || padding < 0 || dilation <= 0)
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv1d_layer_init: '%s' has stride %d, padding %d, "
                          "dilation %d", name ? name : "", stride, padding, dilation);
-    return dtr__conv_layer_params(m, name, "dtr_conv1d_layer_init", in, out, 1, &k, groups, bias, init, &l->weight, &l->bias);
+    return dtr__conv_layer_params(m, name, "dtr_conv1d_layer_init", in, out, 1, &k, groups, bias, 0, init, &l->weight,
+                                  &l->bias);
 }
 
 dtr_tensor *dtr_conv1d_layer_forward(dtr_context *ctx, const dtr_conv1d_layer *l, dtr_tensor *x) {

@@ -7,7 +7,8 @@
  * its time exactly. Marks come from the thread that drives the context; nothing is locked.
  *
  * FLOPs. Each op's forward and backward count by kind: matmul and linear 2*M*N*K (+ one per
- * output for a bias), conv2d 2*out*Cin*kh*kw (+ bias), their backward twice the products
+ * output for a bias), conv2d 2*out*Cin*kh*kw (+ bias), a transposed one 2*in*Cout*kh*kw (+ bias),
+ * their backward twice the products
  * (the gradients of both operands) plus the bias's sum; views and communication ops none; everything else
  * (element-wise, reductions, softmax, losses) one per element of its largest tensor.
  * Attention (dtr_attention, one fused op) counts what its unfused form would: q k^T and P v,
@@ -170,7 +171,7 @@ static double dtr__obs_numel(const dtr_tensor *t) { return t ? (double)dtr__nume
 
 /* 1 when n adds a bias (one FLOP per output) to its products */
 static int dtr__obs_has_bias(const dtr__node *n) {
-    return (n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D) && n->n_in > 2 && n->in[2];
+    return (n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) && n->n_in > 2 && n->in[2];
 }
 
 /* forward FLOPs of node n (see the header comment) */
@@ -185,6 +186,10 @@ static double dtr__obs_flops(const dtr__node *n) {
     case DTR_OP_CONV2D: {
         const dtr_tensor *w = n->in[1];   /* (Cout, Cin, kh, kw) */
         return 2.0 * out * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
+    }
+    case DTR_OP_CONV_TRANSPOSE2D: {   /* each input element times its (Cout / G, kh, kw) weights */
+        const dtr_tensor *w = n->in[1];
+        return 2.0 * dtr__obs_numel(n->in[0]) * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
     case DTR_OP_ATTENTION: {   /* q (B, Tq, C), k, v (B, Tk, C), H heads: every score counted, causal or not */
         const dtr_tensor *q = n->in[0];
@@ -203,7 +208,7 @@ static double dtr__obs_flops(const dtr__node *n) {
 
 void dtr__obs_op(dtr_metrics *m, const dtr__node *n, int bwd, double t0, double t1) {
     double f = dtr__obs_flops(n);
-    if (bwd && (n->op == DTR_OP_MATMUL || n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D)) {
+    if (bwd && (n->op == DTR_OP_MATMUL || n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D)) {
         double bias = dtr__obs_has_bias(n) ? dtr__obs_numel(n->out) : 0.0;
         f = 2.0 * (f - bias) + bias;   /* both operands' gradients; the bias's is a sum */
     }

@@ -128,15 +128,17 @@ static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx
             }
 }
 
+/* conv2d: the image x, the products y; a transposed convolution: the image y, the products x */
 static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
-    const dtr_tensor *x = nd->in[0], *w = nd->in[1];
-    g->N = x->shape[0]; g->C = x->shape[1]; g->H = x->shape[2]; g->W = x->shape[3];
+    const dtr_tensor *w = nd->in[1], *img = nd->op == DTR_OP_CONV2D ? nd->in[0] : nd->out;
+    const dtr_tensor *prod = nd->op == DTR_OP_CONV2D ? nd->out : nd->in[0];
+    g->N = img->shape[0]; g->C = img->shape[1]; g->H = img->shape[2]; g->W = img->shape[3];
     g->O = w->shape[0]; g->KH = w->shape[2]; g->KW = w->shape[3];
     g->SH = nd->p.conv2d.stride[0]; g->SW = nd->p.conv2d.stride[1];
     g->PH = nd->p.conv2d.padding[0]; g->PW = nd->p.conv2d.padding[1];
     g->DH = nd->p.conv2d.dilation[0]; g->DW = nd->p.conv2d.dilation[1];
     g->G = nd->p.conv2d.groups;
-    g->Ho = nd->out->shape[2]; g->Wo = nd->out->shape[3];
+    g->Ho = prod->shape[2]; g->Wo = prod->shape[3];
 }
 
 /* ---- conv2d ---- */
@@ -146,6 +148,7 @@ dtr_conv_config dtr_conv_config_init(void) {
     c.stride[0] = c.stride[1] = 1;
     c.padding[0] = c.padding[1] = 0;
     c.dilation[0] = c.dilation[1] = 1;
+    c.output_padding[0] = c.output_padding[1] = 0;
     c.groups = 1;
     return c;
 }
@@ -156,16 +159,29 @@ static int64_t dtr__conv_out(int64_t in, int64_t k, int s, int p, int d) {
     return in + 2 * (int64_t)p < span ? 0 : (in + 2 * (int64_t)p - span) / s + 1;
 }
 
+/* the geometry's values (output_padding only for a transposed convolution, below its stride or dilation) */
+static dtr_result dtr__conv_check_config(dtr_context *ctx, const char *fn, const dtr_conv_config *c, int transposed) {
+    int a;
+    for (a = 0; a < 2; a++) {
+        int op = c->output_padding[a];
+        if (c->stride[a] < 1 || c->padding[a] < 0 || c->dilation[a] < 1)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: stride %d and dilation %d must be >= 1, padding %d >= 0", fn,
+                             c->stride[a], c->dilation[a], c->padding[a]);
+        if (op < 0 || (op > 0 && !transposed) || (op >= c->stride[a] && op >= c->dilation[a]))
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: output_padding %d must be >= 0 and below the stride %d or the "
+                             "dilation %d%s", fn, op, c->stride[a], c->dilation[a], transposed ? "" : " (0 but for a transposed "
+                             "convolution)");
+    }
+    if (c->groups < 1) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: groups %d must be >= 1", fn, c->groups);
+    return DTR_OK;
+}
+
 /* the arguments' checks (DTR_OK or the context's error); *ho, *wo the output's extent */
 static dtr_result dtr__conv_check(dtr_context *ctx, const dtr_tensor *x, const dtr_tensor *w, const dtr_tensor *bias,
                                   const dtr_conv_config *c, int64_t *ho, int64_t *wo) {
     char s1[96], s2[96];
-    int a;
-    for (a = 0; a < 2; a++)
-        if (c->stride[a] < 1 || c->padding[a] < 0 || c->dilation[a] < 1)
-            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_conv2d: stride %d and dilation %d must be >= 1, padding %d >= 0",
-                             c->stride[a], c->dilation[a], c->padding[a]);
-    if (c->groups < 1 || x->ndim != 4 || w->ndim != 4 || x->shape[1] % c->groups || w->shape[0] % c->groups ||
+    if (dtr__conv_check_config(ctx, "dtr_conv2d", c, 0) != DTR_OK) return ctx->status;
+    if (x->ndim != 4 || w->ndim != 4 || x->shape[1] % c->groups || w->shape[0] % c->groups ||
         x->shape[1] != w->shape[1] * c->groups)
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: x %s and w %s must be (N, C, H, W) and (O, C / groups, KH, KW) "
                          "with groups %d dividing C and O", dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2),
@@ -243,12 +259,73 @@ dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     return dtr_reshape(ctx, y, 3, ys);
 }
 
+/* The kernels' view of a convolution: the image side (N, C, H, W) and the product side
+ * (N, O, Ho*Wo) of w (O, C/G, KH, KW). conv2d reads the image and writes the products in
+ * forward; a transposed convolution runs the same pieces the other way round. */
+/* ---- conv_transpose2d ---- */
+
+/* x (N, Cin, H, W), w (Cin, Cout / G, KH, KW), bias (Cout): *shape the output's, or an error */
+static dtr_result dtr__convt_check(dtr_context *ctx, const dtr_tensor *x, const dtr_tensor *w, const dtr_tensor *bias,
+                                   const dtr_conv_config *c, int64_t *shape) {
+    char s1[96], s2[96];
+    int a;
+    if (dtr__conv_check_config(ctx, "dtr_conv_transpose2d", c, 1) != DTR_OK) return ctx->status;
+    if (x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[0] || x->shape[1] % c->groups)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv_transpose2d: x %s and w %s must be (N, Cin, H, W) and (Cin, Cout / "
+                         "groups, KH, KW) with groups %d dividing Cin", dtr__shape_str(x, s1, sizeof s1),
+                         dtr__shape_str(w, s2, sizeof s2), c->groups);
+    shape[0] = x->shape[0];
+    shape[1] = w->shape[1] * c->groups;
+    if (bias && (bias->ndim != 1 || bias->shape[0] != shape[1]))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv_transpose2d: bias %s must be (%lld)", dtr__shape_str(bias, s1, sizeof s1),
+                         (long long)shape[1]);
+    for (a = 0; a < 2; a++) {
+        shape[2 + a] = (x->shape[2 + a] - 1) * c->stride[a] - 2 * (int64_t)c->padding[a] +
+                       (int64_t)c->dilation[a] * (w->shape[2 + a] - 1) + c->output_padding[a] + 1;
+        if (shape[2 + a] < 1)
+            return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv_transpose2d: padding %d leaves no output of x %s", c->padding[a],
+                             dtr__shape_str(x, s1, sizeof s1));
+    }
+    return DTR_OK;
+}
+
+dtr_tensor *dtr_conv_transpose2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
+    dtr__node *n;
+    dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
+    int64_t shape[4];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_conv_transpose2d", x, "x") || !dtr__check_input(ctx, "dtr_conv_transpose2d", w, "w")) return NULL;
+    if (bias && !dtr__check_input(ctx, "dtr_conv_transpose2d", bias, "bias")) return NULL;
+    if (dtr__convt_check(ctx, x, w, bias, &c, shape) != DTR_OK) return NULL;
+    x = dtr__contig_input(ctx, x);
+    w = dtr__contig_input(ctx, w);
+    if (!x || !w) return NULL;
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, DTR_OP_CONV_TRANSPOSE2D, bias ? 3 : 2, in);
+    }
+    if (!n) return NULL;
+    dtr__conv_params(&n->p.conv2d, &c);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv_transpose2d");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_conv_transpose2d");
+}
+
 typedef struct {
-    const dtr__node *nd;
     dtr__conv_geom g;
     dtr__pool *pool;
-    float *gcol;      /* backward: per-worker column gradients */
-    int split_cols;   /* backward: dW split over columns (1) or output channels (0) */
+    const float *w;        /* (O, C/G*KH*KW) */
+    const float *img;      /* im2col's image */
+    float *prod;           /* W col written: filled with bias (or 0) first, or added to (accumulate) */
+    const float *bias;     /* (O) for prod, or NULL */
+    int accumulate;
+    float *col;            /* the columns: one matrix per sample (keep_cols) or per worker */
+    int keep_cols;
+    const float *gprod;    /* (N, O, P) read by the weight gradient and by W^T (col2im) */
+    float *gimg;           /* col2im's target (added to) */
+    float *gcol;           /* per-worker column buffers of the W^T products */
+    float *gw, *gb;        /* gb: the product side's per-channel sums of gprod */
+    int split_cols;        /* dW split over columns (1) or output channels (0) */
 } dtr__conv_job;
 
 /* y[0..n) = v; 8 at a time from a local array (vector stores without -O3). */
@@ -261,34 +338,45 @@ static void dtr__conv_fill(float *y, int64_t n, float v) {
     for (; i < n; i++) y[i] = v;
 }
 
+/* columns of the image, then prod = W col, per sample */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *X = dtr__f32(j->nd->in[0]), *Wt = dtr__f32(j->nd->in[1]);
-    const float *bias = j->nd->in[2] ? dtr__f32(j->nd->in[2]) : NULL;
-    float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->saved;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
     for (n = b; n < e; n++) {
-        float *col = COL + (j->nd->taped ? n : worker) * g->G * ckk * P, *y = Y + n * g->O * P;
-        dtr__im2col(g, X + n * g->C * g->H * g->W, col);
-        for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, bias ? bias[o] : 0.0f);
+        float *col = j->col + (j->keep_cols ? n : worker) * g->G * ckk * P, *y = j->prod ? j->prod + n * g->O * P : NULL;
+        dtr__im2col(g, j->img + n * g->C * g->H * g->W, col);
+        if (!y) continue;
+        if (!j->accumulate)
+            for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
         for (q = 0; q < g->G; q++)   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
-            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, Wt + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
+            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
                          y + q * og * P, P);
     }
 }
 
+static void dtr__conv_job_of(dtr_context *ctx, const dtr__node *nd, dtr__conv_job *j) {
+    memset(j, 0, sizeof *j);
+    j->pool = ctx->pool;
+    dtr__conv_geom_of(nd, &j->g);
+    j->w = dtr__f32(nd->in[1]);
+}
+
+/* columns for n samples (keep) or one matrix per worker, in the node's saved block or the arena */
+static float *dtr__conv_cols(dtr_context *ctx, dtr__node *nd, const dtr__conv_job *j, int keep) {
+    size_t n = (size_t)(keep ? j->g.N : dtr__pool_threads(ctx->pool)) * (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo);
+    return (float *)(nd ? dtr__node_save(ctx, nd, n * sizeof(float)) : dtr__arena_data(ctx, n * sizeof(float), "dtr_conv columns"));
+}
+
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
-    int64_t ncol;
-    memset(&j, 0, sizeof j);
-    j.nd = nd;
-    j.pool = ctx->pool;
-    dtr__conv_geom_of(nd, &j.g);
+    dtr__conv_job_of(ctx, nd, &j);
+    j.img = dtr__f32(nd->in[0]);
+    j.prod = dtr__f32(nd->out);
+    j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
-    ncol = nd->taped ? j.g.N : dtr__pool_threads(ctx->pool);
-    nd->saved = dtr__node_save(ctx, nd, (size_t)(ncol * j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo) * sizeof(float));
-    if (!nd->saved) return ctx->status;
+    j.keep_cols = nd->taped;
+    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     return DTR_OK;
 }
@@ -311,13 +399,12 @@ static float dtr__conv_sum(const float *x, int64_t n) {
  * (rows; every worker packs all columns of each sample) or, when there are fewer output
  * channels than ckk, a range of columns of every group's block (every worker packs the
  * smaller gy instead). The bias rows are split in proportion to the units. */
-static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, float *gw,
-                                   int64_t b, int64_t e) {
+static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, int64_t b, int64_t e) {
     const dtr__conv_geom *g = &j->g;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, q, o0, o1;
     for (q = 0; q < g->G; q++) {
         const float *gq = gy + q * og * P, *cq = col + q * ckk * P;
-        float *wq = gw + q * og * ckk;
+        float *wq = j->gw + q * og * ckk;
         if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
             dtr__gemm_on(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, cq + b * P, 1, P, 1.0f, wq + b, ckk);
             continue;
@@ -332,49 +419,98 @@ static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const flo
 static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *G = j->nd->out->grad, *COL = (const float *)j->nd->saved;
-    float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
     int64_t ckk = g->C / g->G * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
     for (n = 0; n < g->N; n++) {
-        const float *gy = G + n * g->O * P;
-        if (gw) dtr__conv_bwd_w_sample(j, worker, gy, COL + n * g->G * ckk * P, gw, b, e);
-        if (gb)
-            for (o = o0; o < o1; o++) gb[o] += dtr__conv_sum(gy + o * P, P);
+        const float *gy = j->gprod + n * g->O * P;
+        if (j->gw) dtr__conv_bwd_w_sample(j, worker, gy, j->col + n * g->G * ckk * P, b, e);
+        if (j->gb)
+            for (o = o0; o < o1; o++) j->gb[o] += dtr__conv_sum(gy + o * P, P);
     }
 }
 
-/* dX, split over samples; each worker has its own column-gradient buffer in j->gcol. */
+static void dtr__conv_run_w(const dtr__conv_job *j) {
+    int64_t ckk = j->g.C / j->g.G * j->g.KH * j->g.KW;
+    dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, (void *)j);
+}
+
+/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
 static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *G = j->nd->out->grad, *Wt = dtr__f32(j->nd->in[1]);
-    float *gx = dtr__gradof(j->nd->in[0]);
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, q;
     float *gcol = j->gcol + (int64_t)worker * g->G * ckk * P;
     for (n = b; n < e; n++) {
         for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, P) = W[q]^T (ckk, og) gy[q] (og, P) */
-            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, Wt + q * og * ckk, 1, ckk, G + (n * g->O + q * og) * P, P, 1, 0.0f,
-                         gcol + q * ckk * P, P);
-        dtr__col2im_add(g, gcol, gx + n * g->C * g->H * g->W);
+            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, j->w + q * og * ckk, 1, ckk, j->gprod + (n * g->O + q * og) * P, P, 1,
+                         0.0f, gcol + q * ckk * P, P);
+        dtr__col2im_add(g, gcol, j->gimg + n * g->C * g->H * g->W);
     }
+}
+
+static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
+    if (!(j->gcol = dtr__conv_cols(ctx, NULL, j, 0))) return ctx->status;
+    dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
+    return DTR_OK;
 }
 
 dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
-    memset(&j, 0, sizeof j);
-    j.nd = nd;
-    j.pool = ctx->pool;
-    dtr__conv_geom_of(nd, &j.g);
+    dtr__conv_job_of(ctx, nd, &j);
+    j.gprod = nd->out->grad;
+    j.col = (float *)nd->saved;
+    j.gw = dtr__gradof(nd->in[1]);
+    j.gb = dtr__gradof(nd->in[2]);
     j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
-    if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2]))
-        dtr__pool_run(ctx->pool, j.split_cols ? j.g.C / j.g.G * j.g.KH * j.g.KW : j.g.O, 1, dtr__conv_bwd_w_range, &j);
-    if (dtr__gradof(nd->in[0])) {
-        size_t per = (size_t)(j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo);
-        j.gcol = (float *)dtr__arena_data(ctx, per * (size_t)dtr__pool_threads(ctx->pool) * sizeof(float), "dtr_conv2d backward");
-        if (!j.gcol) return ctx->status;
-        dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_bwd_x_range, &j);
-    }
+    if (j.gw || j.gb) dtr__conv_run_w(&j);
+    j.gimg = dtr__gradof(nd->in[0]);
+    return j.gimg ? dtr__conv_run_x(ctx, &j) : DTR_OK;
+}
+
+/* ---- transposed convolution: the image side is the output ---- */
+
+/* the gradient of y (N, C, HW) summed per channel into gb, split over channels */
+static void dtr__convt_bias_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__conv_job *j = (const dtr__conv_job *)arg;
+    int64_t HW = j->g.H * j->g.W, n, c;
+    (void)worker;
+    for (n = 0; n < j->g.N; n++)
+        for (c = b; c < e; c++) j->gb[c] += dtr__conv_sum(j->img + (n * j->g.C + c) * HW, HW);
+}
+
+/* y = bias, then y += col2im(W^T x) */
+dtr_result dtr__cpu_conv_transpose_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__conv_job j;
+    const float *bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    int64_t HW, c, n;
+    dtr__conv_job_of(ctx, nd, &j);
+    j.gprod = dtr__f32(nd->in[0]);
+    j.gimg = dtr__f32(nd->out);
+    HW = j.g.H * j.g.W;
+    for (n = 0; n < j.g.N; n++)
+        for (c = 0; c < j.g.C; c++) dtr__conv_fill(j.gimg + (n * j.g.C + c) * HW, HW, bias ? bias[c] : 0.0f);
+    return dtr__conv_run_x(ctx, &j);
+}
+
+/* dx += W col(dy) (conv2d's forward over dy), dW += x col(dy)^T, db = dy's channel sums */
+dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__conv_job j;
+    dtr__conv_job_of(ctx, nd, &j);
+    j.img = nd->out->grad;
+    j.gw = dtr__gradof(nd->in[1]);
+    j.gb = dtr__gradof(nd->in[2]);
+    if (j.gb) dtr__pool_run(ctx->pool, j.g.C, 1, dtr__convt_bias_range, &j);
+    j.gb = NULL;
+    j.prod = dtr__gradof(nd->in[0]);
+    j.accumulate = 1;
+    if (!j.prod && !j.gw) return DTR_OK;
+    j.keep_cols = j.gw != NULL;   /* the weight's gradient reads every sample's columns */
+    if (!(j.col = dtr__conv_cols(ctx, NULL, &j, j.keep_cols))) return ctx->status;
+    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    if (!j.gw) return DTR_OK;
+    j.gprod = dtr__f32(nd->in[0]);
+    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
+    dtr__conv_run_w(&j);
     return DTR_OK;
 }
 

@@ -589,6 +589,9 @@ typedef struct dtr_conv_config {
     int stride[2];                /**< >= 1; 1 from init */
     int padding[2];               /**< >= 0; 0 from init */
     int dilation[2];              /**< >= 1; 1 from init */
+    int output_padding[2];        /**< a transposed convolution's extra rows and columns at the
+                                       end (0 from init; below the stride or the dilation;
+                                       must be 0 for a convolution) */
     int groups;                   /**< >= 1; 1 from init */
 } dtr_conv_config;
 
@@ -604,6 +607,17 @@ DTR_API dtr_conv_config dtr_conv_config_init(void);
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                   const dtr_conv_config *cfg);
+/** Transposed 2-D convolution (PyTorch's conv_transpose2d, the gradient of dtr_conv2d_ex with
+ *  respect to its input; a decoder's, a GAN generator's or a U-Net's learned upsampling):
+ *  x (N, Cin, H, W), w (Cin, Cout / groups, KH, KW), bias (Cout) or NULL -> (N, Cout, H', W'),
+ *  H' = (H - 1) stride[0] - 2 padding[0] + dilation[0] (KH - 1) + output_padding[0] + 1 (W'
+ *  alike). `cfg` as dtr_conv2d_ex's (NULL: dtr_conv_config_init's); a stride-s convolution's
+ *  input size comes back with output_padding = (its input + 2 padding - the dilated kernel) mod s.
+ *  Wrong ranks, w's first axis not Cin, Cin not divisible by groups, no output:
+ *  DTR_SHAPE_MISMATCH; bad geometry values: DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_conv_transpose2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                                         const dtr_conv_config *cfg);
 /** 1-D convolution over sequences: x (N, C, L), w (O, C / groups, K), bias (O) or NULL ->
  *  (N, O, L'), L' = (L + 2 padding - dilation (K - 1) - 1) / stride + 1: PyTorch's conv1d
  *  (the 2-D op over (N, C, 1, L); its errors, as dtr_conv2d_ex's). A causal convolution (a
@@ -866,7 +880,9 @@ DTR_API int dtr_model_param_trainable(const dtr_model *m, int i);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
  *  Called automatically by the first forward use; calling it twice is harmless. */
 DTR_API dtr_result dtr_model_build(dtr_model *m);
-/** Number of parameters (tensors) and of scalar elements. */
+/** Number of parameters (tensors), and the contiguous buffers' length in floats: every
+ *  parameter starts on a 64-byte boundary (16 floats), so dtr_model_numel is the parameters'
+ *  element count plus that padding. */
 DTR_API int dtr_model_param_count(const dtr_model *m);
 DTR_API int64_t dtr_model_numel(const dtr_model *m);
 /** Parameter i in declaration order, or NULL. */
@@ -907,12 +923,14 @@ DTR_API dtr_context *dtr_model_context(const dtr_model *m);
 typedef struct dtr_linear_layer { dtr_tensor *weight, *bias; int64_t in, out; } dtr_linear_layer;
 /** 2-D convolution layer: weight (out, in / groups, kh, kw), bias (out) or NULL; forward
  *  convolves with `conv` (the geometry given to init; fields other than groups may change
- *  after init). */
+ *  after init). A transposed one (dtr_conv_transpose2d_layer_init): weight
+ *  (in, out / groups, kh, kw), PyTorch's ConvTranspose2d layout. */
 typedef struct dtr_conv2d_layer {
     dtr_tensor *weight, *bias;
     int64_t in, out;
     int kh, kw;
     dtr_conv_config conv;
+    int transposed;               /**< 1: forward is dtr_conv_transpose2d */
 } dtr_conv2d_layer;
 /** 1-D convolution layer: weight (out, in / groups, k), bias (out) or NULL; PyTorch's Conv1d
  *  (stride, padding, dilation, groups may change after init, groups only to a divisor that
@@ -1019,6 +1037,13 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
                                             int64_t in, int64_t out, int kh, int kw,
                                             const dtr_conv_config *cfg, int bias, dtr_init init);
+/** PyTorch's ConvTranspose2d(in, out, (kh, kw)) with `cfg`'s stride, padding, output_padding,
+ *  dilation and groups: weight (in, out / groups, kh, kw), bias (out), both drawn as PyTorch's
+ *  defaults from that shape (fan in = out / groups * kh * kw). The layer's forward runs
+ *  dtr_conv_transpose2d. */
+DTR_API dtr_result dtr_conv_transpose2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
+                                                   int64_t in, int64_t out, int kh, int kw,
+                                                   const dtr_conv_config *cfg, int bias, dtr_init init);
 /** PyTorch's Conv1d(in, out, k, stride, padding, dilation, groups, bias): weight
  *  (out, in / groups, k). */
 DTR_API dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *layer, dtr_model *m, const char *name,
