@@ -523,10 +523,42 @@ DTR_API dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x);
  *  row i gets probability 0. */
 DTR_API dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x);
 
-/** Mean cross-entropy of logits (N, K) (or (..., K)) against i32 class indices (N) (or (...)).
- *  An index outside [0, K) is DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0).
+/** Mean cross-entropy of logits (N, K) (or (..., K)) against i32 class indices (N) (or (...)):
+ *  dtr_cross_entropy_ex with dtr_xent_config_init's settings, PyTorch's F.cross_entropy
+ *  defaults (a target of -100 is ignored). Another index outside [0, K) is
+ *  DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets);
+
+/** How a loss's rows become its result. */
+typedef enum dtr_loss_reduction {
+    DTR_LOSS_MEAN = 0,   /**< the mean over the rows that count (a scalar) */
+    DTR_LOSS_SUM = 1,    /**< their sum (a scalar) */
+    DTR_LOSS_NONE = 2    /**< each row's loss, in the targets' shape (0 for an ignored row): weigh
+                              them (a policy gradient's advantages, per-sample weights), then
+                              reduce them yourself */
+} dtr_loss_reduction;
+
+/** PyTorch's F.cross_entropy arguments for class indices. */
+typedef struct dtr_xent_config {
+    int32_t ignore_index;          /**< rows whose target is this add no loss and no gradient and
+                                        leave the mean's count (padding tokens of a batch of
+                                        sequences); -100 from init, as PyTorch */
+    float label_smoothing;         /**< in [0, 1): the target class weighs 1 - eps, every class
+                                        eps / K (0 from init) */
+    dtr_loss_reduction reduction;  /**< DTR_LOSS_MEAN from init */
+} dtr_xent_config;
+
+/** ignore_index -100, label_smoothing 0, reduction mean. Thread safety: any thread. */
+DTR_API dtr_xent_config dtr_xent_config_init(void);
+/** Cross-entropy of logits (..., K) against i32 class indices (...) with `cfg`'s ignored
+ *  target, label smoothing and reduction (NULL: dtr_xent_config_init's). The mean of a batch
+ *  whose every row is ignored is 0 (PyTorch gives NaN), with no gradient. A target outside
+ *  [0, K) other than ignore_index is DTR_INVALID_ARGUMENT (when the forward runs); smoothing
+ *  outside [0, 1) or an unknown reduction is DTR_INVALID_ARGUMENT. The logits are read in
+ *  their own dtype (f32, bf16, f16), never copied to f32. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets,
+                                         const dtr_xent_config *cfg);
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
 /** Binary cross-entropy of logits against targets in [0, 1] (0/1 labels or soft ones), same
@@ -4588,7 +4620,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4592 "dtrain.h"
+#line 4624 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4820,6 +4852,12 @@ typedef struct dtr__checkpoint_params {
                                          region's tape) that the kernel copies into out */
 } dtr__checkpoint_params;
 
+typedef struct dtr__xent_params {     /* CROSS_ENTROPY */
+    int32_t ignore_index;             /* rows with this target add nothing */
+    float smoothing;                  /* label smoothing in [0, 1) */
+    int reduction;                    /* dtr_loss_reduction */
+} dtr__xent_params;
+
 /* SCALE: a the factor; POW: a the exponent; CLAMP: [a, b]; LEAKY_RELU: a the slope below 0;
    SOFTPLUS: a = beta, b = threshold (the others: none) */
 typedef struct dtr__unary_params { float a, b; } dtr__unary_params;
@@ -4855,6 +4893,7 @@ typedef union dtr__op_params {
     dtr__batchnorm_params batchnorm;  /* BATCHNORM */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
+    dtr__xent_params xent;
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
@@ -5448,7 +5487,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5452 "dtrain.h"
+#line 5491 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5672,6 +5711,12 @@ DTR__HD float dtr__f_erf(float x) {
 DTR__HD float dtr__f_xent_term(float x, float max) { return dtr__f_exp(x - max); }
 /** The probability of logit x in its row: the f32 softmax the forward's sum came from. */
 DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)dtr__f_xent_term(x, st.max) * st.inv); }
+/** A row's loss from its maximum, exp-sum s, target logit xt and mean logit (label smoothing
+ *  eps: the target weighs 1 - eps, every class eps / K): (1 - eps)(lse - xt) + eps (lse - mean). */
+DTR__HD double dtr__f_xent_loss(float max, double s, float xt, double mean, float eps) {
+    double lse = (double)max + log(s);
+    return eps > 0.0f ? (1.0 - (double)eps) * (lse - (double)xt) + (double)eps * (lse - mean) : lse - (double)xt;
+}
 
 DTR__HD float dtr__f_gelu(float x) { return 0.5f * x * (1.0f + dtr__f_tanh(DTR__GELU_K * (x + 0.044715f * x * x * x))); }
 DTR__HD float dtr__f_gelu_grad(float x) {
@@ -5871,7 +5916,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5875 "dtrain.h"
+#line 5920 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5933,7 +5978,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5937 "dtrain.h"
+#line 5982 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6312,7 +6357,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6316 "dtrain.h"
+#line 6361 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6355,7 +6400,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6359 "dtrain.h"
+#line 6404 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6389,7 +6434,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6393 "dtrain.h"
+#line 6438 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6448,7 +6493,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6452 "dtrain.h"
+#line 6497 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6522,7 +6567,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6526 "dtrain.h"
+#line 6571 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6590,7 +6635,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6594 "dtrain.h"
+#line 6639 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6665,7 +6710,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6669 "dtrain.h"
+#line 6714 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7017,7 +7062,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7021 "dtrain.h"
+#line 7066 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7841,7 +7886,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7845 "dtrain.h"
+#line 7890 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8516,7 +8561,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8520 "dtrain.h"
+#line 8565 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8607,7 +8652,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8611 "dtrain.h"
+#line 8656 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9089,7 +9134,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9093 "dtrain.h"
+#line 9138 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9344,7 +9389,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9348 "dtrain.h"
+#line 9393 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9577,7 +9622,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9581 "dtrain.h"
+#line 9626 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9696,7 +9741,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9700 "dtrain.h"
+#line 9745 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9752,7 +9797,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9756 "dtrain.h"
+#line 9801 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9923,7 +9968,8 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...) and a convolution's geometry;
+/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...), a convolution's geometry and a
+   cross-entropy's settings;
    notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
@@ -9938,6 +9984,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     h = dtr__fnv_tensor(h, n->out);
     if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
     if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
+    if (n->op == DTR_OP_CROSS_ENTROPY) h = dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
     return dtr__graph_note(g, slot, n->op, h);
 }
 
@@ -10139,7 +10186,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10143 "dtrain.h"
+#line 10190 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10401,7 +10448,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10405 "dtrain.h"
+#line 10452 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10896,7 +10943,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10900 "dtrain.h"
+#line 10947 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11075,7 +11122,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11079 "dtrain.h"
+#line 11126 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11241,29 +11288,54 @@ dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor
     return n->out ? n : NULL;
 }
 
-dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+dtr_xent_config dtr_xent_config_init(void) {
+    dtr_xent_config c;
+    c.ignore_index = -100;
+    c.label_smoothing = 0.0f;
+    c.reduction = DTR_LOSS_MEAN;
+    return c;
+}
+
+dtr_tensor *dtr_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, const dtr_xent_config *cfg) {
+    dtr_xent_config c = cfg ? *cfg : dtr_xent_config_init();
     dtr__node *n;
     if (!ctx) return NULL;
+    if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f) || c.reduction < DTR_LOSS_MEAN || c.reduction > DTR_LOSS_NONE)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: label smoothing %g must be in [0, 1) and the reduction "
+                          "(%d) mean, sum or none", (double)c.label_smoothing, (int)c.reduction);
     n = dtr__xent_node(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy", logits, targets);
-    return n ? dtr__record(ctx, n, "dtr_cross_entropy") : NULL;
+    if (!n) return NULL;
+    n->p.xent.ignore_index = c.ignore_index;
+    n->p.xent.smoothing = c.label_smoothing;
+    n->p.xent.reduction = (int)c.reduction;
+    if (c.reduction == DTR_LOSS_NONE &&   /* each row's loss, in the targets' shape */
+        !(n->out = dtr__tensor_alloc(ctx, DTR_F32, n->in[1]->ndim, n->in[1]->shape, "dtr_cross_entropy")))
+        return NULL;
+    return dtr__record(ctx, n, "dtr_cross_entropy");
+}
+
+dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+    return dtr_cross_entropy_ex(ctx, logits, targets, NULL);
 }
 
 /* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
  * backward recomputes them from the logits, which stay anyway, so the op holds R x 24 bytes
  * (the statistics and the row's loss) instead of R x K floats (the size of the logits again,
- * 400 MB for a GPT's vocabulary). The logits are read in their own dtype (f32, bf16, f16:
- * never widened, src/core/widen.c): a GPT's 16-bit logits take no f32 copy of their size.
+ * 400 MB for a GPT's vocabulary), and one more double: what dL/dy is divided by in backward (the
+ * rows counted for a mean, 1 for a sum). The logits are read in their own dtype (f32, bf16,
+ * f16: never widened, src/core/widen.c): a GPT's 16-bit logits take no f32 copy of their size.
  * Rows run on the pool; the row losses are summed in row order (the same bits at any count
- * of threads). */
+ * of threads). An ignored row's loss is 0 and it gets no gradient. */
 typedef struct dtr__xent_job {
     const dtr__node *nd;
     const void *X;
     int dt;
     int64_t K;
     const int32_t *t;
+    dtr__xent_params p;
     dtr__xent_row *st;
     double *loss;       /* forward: each row's */
-    float c;            /* backward: dL/dy / R */
+    float div;          /* backward: dL/dy's divisor (mean, sum) */
 } dtr__xent_job;
 
 static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
@@ -11271,29 +11343,38 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     memset(&j, 0, sizeof j);
     j.nd = nd, j.X = dtr__data(x), j.dt = x->dtype, j.K = x->shape[x->ndim - 1], j.t = dtr__i32(nd->in[1]);
+    j.p = nd->p.xent;
     return j;
 }
 
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
-/* g[k] += c p[k] over a row of K f32 logits, p its probabilities again, eight at a time */
-DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
+/* g[k] += c p[k] - d over a row of K f32 logits, p its probabilities again, eight at a time */
+DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
     int64_t k = 0;
     int i;
     for (; k + 8 <= K; k += 8) {
         float p[8];
         for (i = 0; i < 8; i++) p[i] = dtr__f_xent_prob(x[k + i], st);
-        for (i = 0; i < 8; i++) g[k + i] += c * p[i];
+        for (i = 0; i < 8; i++) g[k + i] += c * p[i] - d;
     }
-    for (; k < K; k++) g[k] += c * dtr__f_xent_prob(x[k], st);
+    for (; k < K; k++) g[k] += c * dtr__f_xent_prob(x[k], st) - d;
 }
-DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
-    dtr__xent_grad_body(g, x, K, st, c);
+DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
+    dtr__xent_grad_body(g, x, K, st, c, d);
 }
-static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
-    if (dtr__simd_avx2()) dtr__xent_grad_avx2(g, x, K, st, c);
-    else dtr__xent_grad_body(g, x, K, st, c);
+static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
+    if (dtr__simd_avx2()) dtr__xent_grad_avx2(g, x, K, st, c, d);
+    else dtr__xent_grad_body(g, x, K, st, c, d);
+}
+
+/* the mean of row r's logits (label smoothing's term) */
+static double dtr__xent_mean(const dtr__xent_job *j, int64_t r) {
+    double s = 0.0;
+    int64_t k;
+    for (k = 0; k < j->K; k++) s += dtr__f_load(j->X, j->dt, r * j->K + k);
+    return s / (double)j->K;
 }
 
 /* each row's maximum, exp-sum and loss; f32 logits read as an array, 16-bit ones by dtype */
@@ -11305,6 +11386,8 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     for (r = b; r < e; r++) {
         float mx = -INFINITY;
         double s = 0.0;
+        j->st[r].max = 0.0f, j->st[r].inv = 1.0, j->loss[r] = 0.0;
+        if (j->t[r] == j->p.ignore_index) continue;
         if (x32) {
             const float *x = x32 + r * K;
             mx = dtr__max_f32(x, K, -INFINITY, 0);
@@ -11315,51 +11398,74 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         j->st[r].max = mx;
         j->st[r].inv = 1.0 / s;
-        j->loss[r] = (double)mx + log(s) - dtr__f_load(j->X, j->dt, r * K + j->t[r]);
+        j->loss[r] = dtr__f_xent_loss(mx, s, dtr__f_load(j->X, j->dt, r * K + j->t[r]),
+                                      j->p.smoothing > 0.0f ? dtr__xent_mean(j, r) : 0.0, j->p.smoothing);
     }
+}
+
+/* the rows that count: DTR_OK, or the first target outside [0, K) that is not ignored */
+static dtr_result dtr__xent_targets(dtr_context *ctx, const dtr__xent_job *j, int64_t R, int64_t *kept) {
+    int64_t r;
+    for (r = 0, *kept = 0; r < R; r++) {
+        if (j->t[r] == j->p.ignore_index) continue;
+        if (j->t[r] < 0 || j->t[r] >= j->K)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)j->t[r], (long long)j->K);
+        ++*kept;
+    }
+    return DTR_OK;
 }
 
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__xent_job j = dtr__xent_job_of(nd);
-    int64_t R = dtr__rows(nd->in[0]), r;
+    int64_t R = dtr__rows(nd->in[0]), r, kept;
     size_t rows = (size_t)(R ? R : 1);
-    double loss = 0.0;
-    for (r = 0; r < R; r++)
-        if (j.t[r] < 0 || j.t[r] >= j.K)
-            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
-                             (long long)r, (int)j.t[r], (long long)j.K);
-    j.st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)));
+    double loss = 0.0, *div;
+    float *y = dtr__f32(nd->out);
+    if (dtr__xent_targets(ctx, &j, R, &kept) != DTR_OK) return ctx->status;
+    j.st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)) + sizeof(double));
     if (!j.st) return ctx->status;
-    nd->saved = j.st;   /* the row statistics for backward, then the row losses */
+    nd->saved = j.st;   /* the row statistics for backward, then the row losses, then the divisor */
     j.loss = (double *)(j.st + rows);
+    div = j.loss + rows;
     dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_fwd_range, &j);
+    if (j.p.reduction == DTR_LOSS_NONE) {
+        for (r = 0, *div = 1.0; r < R; r++) y[r] = (float)j.loss[r];
+        return DTR_OK;
+    }
     for (r = 0; r < R; r++) loss += j.loss[r];
-    dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
+    *div = j.p.reduction == DTR_LOSS_SUM ? 1.0 : (double)kept;
+    y[0] = kept ? (float)(loss / *div) : 0.0f;
     return DTR_OK;
 }
 
 static void dtr__xent_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__xent_job *j = (const dtr__xent_job *)arg;
     float *gx = dtr__gradof(j->nd->in[0]);
+    const float *gy = j->nd->out->grad;
     int64_t r, k, K = j->K;
     (void)w;
     for (r = b; r < e; r++) {
         const dtr__xent_row st = j->st[r];
-        float *g = gx + r * K;
+        float *g = gx + r * K, c, d;
+        if (j->t[r] == j->p.ignore_index) continue;
+        c = j->p.reduction == DTR_LOSS_NONE ? gy[r] : gy[0] / j->div;
+        d = c * j->p.smoothing / (float)K;   /* smoothing's share of each class */
         if (j->dt == DTR_F32)
-            dtr__xent_grad_row(g, (const float *)j->X + r * K, K, st, j->c);
+            dtr__xent_grad_row(g, (const float *)j->X + r * K, K, st, c, d);
         else
-            for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), st);
-        g[j->t[r]] -= j->c;
+            for (k = 0; k < K; k++) g[k] += c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), st) - d;
+        g[j->t[r]] -= c * (1.0f - j->p.smoothing);
     }
 }
 
 dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__xent_job j = dtr__xent_job_of(nd);
     int64_t R = dtr__rows(nd->in[0]);
+    size_t rows = (size_t)(R ? R : 1);
     if (!dtr__gradof(nd->in[0]) || !R) return DTR_OK;
     j.st = (dtr__xent_row *)nd->saved;
-    j.c = nd->out->grad[0] / (float)R;
+    j.div = (float)((const double *)(j.st + rows))[rows];
     dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_bwd_range, &j);
     return DTR_OK;
 }
@@ -12230,7 +12336,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12234 "dtrain.h"
+#line 12340 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12954,7 +13060,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12958 "dtrain.h"
+#line 13064 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13216,7 +13322,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13220 "dtrain.h"
+#line 13326 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13586,7 +13692,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13590 "dtrain.h"
+#line 13696 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13720,7 +13826,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13724 "dtrain.h"
+#line 13830 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14442,7 +14548,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 14446 "dtrain.h"
+#line 14552 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -14834,7 +14940,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14838 "dtrain.h"
+#line 14944 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15110,7 +15216,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15114 "dtrain.h"
+#line 15220 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15283,7 +15389,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 15287 "dtrain.h"
+#line 15393 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15538,7 +15644,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15542 "dtrain.h"
+#line 15648 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16083,7 +16189,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16087 "dtrain.h"
+#line 16193 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16221,7 +16327,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16225 "dtrain.h"
+#line 16331 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16568,7 +16674,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16572 "dtrain.h"
+#line 16678 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16634,7 +16740,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16638 "dtrain.h"
+#line 16744 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16871,7 +16977,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16875 "dtrain.h"
+#line 16981 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17620,7 +17726,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17624 "dtrain.h"
+#line 17730 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18073,7 +18179,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18077 "dtrain.h"
+#line 18183 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18129,7 +18235,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18133 "dtrain.h"
+#line 18239 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18906,7 +19012,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18910 "dtrain.h"
+#line 19016 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19487,7 +19593,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19491 "dtrain.h"
+#line 19597 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20118,7 +20224,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20122 "dtrain.h"
+#line 20228 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20914,7 +21020,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20918 "dtrain.h"
+#line 21024 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21267,7 +21373,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21271 "dtrain.h"
+#line 21377 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21457,7 +21563,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21461 "dtrain.h"
+#line 21567 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21638,7 +21744,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21642 "dtrain.h"
+#line 21748 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22413,7 +22519,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22417 "dtrain.h"
+#line 22523 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22930,7 +23036,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22934 "dtrain.h"
+#line 23040 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23725,7 +23831,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23729 "dtrain.h"
+#line 23835 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24973,7 +25079,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24977 "dtrain.h"
+#line 25083 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25595,7 +25701,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25599 "dtrain.h"
+#line 25705 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26096,7 +26202,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26100 "dtrain.h"
+#line 26206 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26826,7 +26932,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26830 "dtrain.h"
+#line 26936 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27062,7 +27168,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27066 "dtrain.h"
+#line 27172 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27191,7 +27297,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27195 "dtrain.h"
+#line 27301 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27628,7 +27734,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27632 "dtrain.h"
+#line 27738 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28121,7 +28227,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28125 "dtrain.h"
+#line 28231 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28670,7 +28776,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28674 "dtrain.h"
+#line 28780 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -29176,7 +29282,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 29180 "dtrain.h"
+#line 29286 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30725,7 +30831,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30729 "dtrain.h"
+#line 30835 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30779,7 +30885,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30783 "dtrain.h"
+#line 30889 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31957,7 +32063,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31961 "dtrain.h"
+#line 32067 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32860,7 +32966,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32864 "dtrain.h"
+#line 32970 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34338,7 +34444,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34342 "dtrain.h"
+#line 34448 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34727,7 +34833,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34731 "dtrain.h"
+#line 34837 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34876,7 +34982,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34880 "dtrain.h"
+#line 34986 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -706,77 +706,103 @@ static dtr_result dtr__cuda_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- cross-entropy on class indices: one block per row, fused softmax ---- */
 
 /* logits x (R, K) of dtype dt (f32, bf16, f16: read as they are, never widened), targets t (R)
-   -> each row's statistics st (R) and loss (R, double) */
+   -> each row's statistics st (R) and loss (R, double); an ignored row: 0, no statistics */
 __global__ static void dtr__cuda_xent_fwd_k(const void *x, int dt, const int32_t *t, dtr__xent_row *st, double *loss, int64_t K,
-                                            int *err) {
+                                            dtr__xent_params p, int *err) {
     int64_t r = blockIdx.x;
     float mx = -INFINITY;
-    double s = 0.0;
+    double s = 0.0, mean = 0.0;
     int32_t tr = t[r];
-    if (tr < 0 || tr >= K) {
-        if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; st[r].max = 0.0f; st[r].inv = 1.0; }
+    if (tr == p.ignore_index || tr < 0 || tr >= K) {
+        if (threadIdx.x == 0) {
+            if (tr != p.ignore_index) dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r);
+            loss[r] = 0.0; st[r].max = 0.0f; st[r].inv = 1.0;
+        }
         return;   /* the whole block leaves: no barrier is left waiting */
     }
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, dtr__f_load(x, dt, r * K + k));
     mx = dtr__cuda_block_max(mx);
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)dtr__f_xent_term(dtr__f_load(x, dt, r * K + k), mx);
     s = dtr__cuda_block_sum(s);
+    if (p.smoothing > 0.0f) {   /* the row's mean logit */
+        for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mean += (double)dtr__f_load(x, dt, r * K + k);
+        mean = dtr__cuda_block_sum(mean) / (double)K;
+    }
     if (threadIdx.x == 0) {
         st[r].max = mx;
         st[r].inv = 1.0 / s;
-        loss[r] = (double)mx + log(s) - dtr__f_load(x, dt, r * K + tr);
+        loss[r] = dtr__f_xent_loss(mx, s, dtr__f_load(x, dt, r * K + tr), mean, p.smoothing);
     }
 }
 
-/* block (column chunk, row r): the probabilities again from the logits and the row's statistics */
+/* block (column chunk, row r): the probabilities again from the logits and the row's statistics;
+   dL/dy is g[r] (no reduction) or g[0] / *div */
 __global__ static void dtr__cuda_xent_bwd_k(const void *x, int dt, const dtr__xent_row *st, const int32_t *t, const float *g,
-                                            float *gx, int64_t R, int64_t K) {
-    float c = g[0] / (float)R;
+                                            const double *div, float *gx, int64_t R, int64_t K, dtr__xent_params p) {
     for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
         int64_t tr = t[r];
         dtr__xent_row sr = st[r];
+        float c = p.reduction == DTR_LOSS_NONE ? g[r] : g[0] / (float)*div, d = c * p.smoothing / (float)K;
+        if (tr == p.ignore_index) continue;
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x) {
             int64_t i = r * K + k;
-            float v = gx[i] + c * dtr__f_xent_prob(dtr__f_load(x, dt, i), sr);
-            if (k == tr) v -= c;
+            float v = gx[i] + (c * dtr__f_xent_prob(dtr__f_load(x, dt, i), sr) - d);
+            if (k == tr) v -= c * (1.0f - p.smoothing);
             gx[i] = v;
         }
     }
 }
 
-/* The row losses' mean, summed in a fixed order (one thread: deterministic). */
-__global__ static void dtr__cuda_mean_rows_k(const double *loss, int64_t R, float *y) {
+/* The row losses' mean over the rows counted, or their sum, in a fixed order (one thread:
+   deterministic); *div what backward divides dL/dy by */
+__global__ static void dtr__cuda_mean_rows_k(const double *loss, const int32_t *t, int64_t R, dtr__xent_params p, float *y,
+                                             double *div) {
     if (threadIdx.x || blockIdx.x) return;
     double s = 0.0;
-    for (int64_t r = 0; r < R; r++) s += loss[r];
-    y[0] = R ? (float)(s / (double)R) : 0.0f;
+    int64_t kept = 0;
+    for (int64_t r = 0; r < R; r++) s += loss[r], kept += t[r] != p.ignore_index;
+    *div = p.reduction == DTR_LOSS_SUM ? 1.0 : (double)kept;
+    y[0] = kept ? (float)(s / *div) : 0.0f;
 }
 
-/* Keeps each row's statistics (dtr__xent_row) and loss, not the probabilities (the CPU's op). */
+/* y (R) = each row's loss (no reduction) */
+__global__ static void dtr__cuda_rows_loss_k(const double *loss, int64_t R, float *y) {
+    DTR__CUDA_FOR(r, R) y[r] = (float)loss[r];
+}
+
+/* Keeps each row's statistics (dtr__xent_row), loss and the divisor, not the probabilities (the CPU's op). */
 static dtr_result dtr__cuda_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
     size_t rows = (size_t)(R ? R : 1);
-    dtr__xent_row *st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)));
+    dtr__xent_row *st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)) + sizeof(double));
+    const int32_t *t = (const int32_t *)dtr__data(nd->in[1]);
+    cudaStream_t stream = dtr__cuda_stream(ctx);
     double *loss;
     if (!st) return ctx->status;
-    nd->saved = st;   /* the row statistics for backward, then the row losses */
+    nd->saved = st;   /* the row statistics for backward, then the row losses, then the divisor */
     loss = (double *)(st + rows);
     if (R > 0)
-        dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, dtr__cuda_stream(ctx)>>>(
-            dtr__data(x), (int)x->dtype, (const int32_t *)dtr__data(nd->in[1]), st, loss, K, dtr__cuda(ctx)->err_dev);
-    dtr__cuda_mean_rows_k<<<1, 1, 0, dtr__cuda_stream(ctx)>>>(loss, R, dtr__f32(nd->out));
+        dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, stream>>>(dtr__data(x), (int)x->dtype, t, st, loss, K,
+                                                                                    nd->p.xent, dtr__cuda(ctx)->err_dev);
+    if (nd->p.xent.reduction == DTR_LOSS_NONE) {
+        if (R > 0) dtr__cuda_rows_loss_k<<<dtr__cuda_grid(R), DTR__CUDA_THREADS, 0, stream>>>(loss, R, dtr__f32(nd->out));
+    } else {
+        dtr__cuda_mean_rows_k<<<1, 1, 0, stream>>>(loss, t, R, nd->p.xent, dtr__f32(nd->out), loss + rows);
+    }
     return dtr__cuda_launched(ctx, nd);
 }
 
 static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    size_t rows = (size_t)(R ? R : 1);
     float *gx = dtr__gradof(x);
+    const double *div = (const double *)((const dtr__xent_row *)nd->saved + rows) + rows;
     if (!gx || R == 0) return DTR_OK;
     dtr__cuda_xent_bwd_k<<<dim3(dtr__launch_blocks(K, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         dtr__data(x), (int)x->dtype, (const dtr__xent_row *)nd->saved, (const int32_t *)dtr__data(nd->in[1]), nd->out->grad,
-        gx, R, K);
+        div, gx, R, K, nd->p.xent);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -1297,7 +1323,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1301 "dtrain_cuda.cu"
+#line 1327 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1770,7 +1796,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1774 "dtrain_cuda.cu"
+#line 1800 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2225,7 +2251,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2229 "dtrain_cuda.cu"
+#line 2255 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2572,7 +2598,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2576 "dtrain_cuda.cu"
+#line 2602 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3445,7 +3471,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3449 "dtrain_cuda.cu"
+#line 3475 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3944,5 +3970,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3948 "dtrain_cuda.cu"
+#line 3974 "dtrain_cuda.cu"
 

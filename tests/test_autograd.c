@@ -12,6 +12,10 @@
  *   test_math_ops            exp, log, sqrt, pow, clamp, leaky_relu, softplus, maximum, minimum,
  *                            bce_with_logits, huber_loss against PyTorch's numbers (NaN, infinities,
  *                            ties and ends included), and their argument errors
+ *   test_xent_settings       dtr_cross_entropy_ex against PyTorch: label smoothing with an
+ *                            ignored row (-100, the default), mean, sum and no reduction, values
+ *                            and gradients; every row ignored gives 0 and no gradient; a target
+ *                            out of range that is not ignored, bad smoothing or reduction: errors
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
@@ -478,6 +482,70 @@ static void test_math_ops(void) {
     size_t i;
     for (i = 0; i < sizeof k_math / sizeof k_math[0]; i++) check_math_ref(ctx, &k_math[i]);
     check_math_errors(ctx);
+    dtr_context_destroy(ctx);
+}
+
+/* ---- cross-entropy's settings ---- */
+
+/* PyTorch 1.13 in double: F.cross_entropy(x, t, label_smoothing=0.2, reduction=...) with
+   x[r][k] = 2 sin(0.7 (5r + k)) (4, 5), t = {1, -100, 3, 0}; backward of the loss (mean, sum)
+   or of sum(loss * {0.5, -1, 2, 1.5}) (none) */
+static const double k_xs_loss[3][4] = {{2.39612016}, {7.18836049}, {1.7072082, 0, 2.22898361, 3.25216867}};
+static const double k_xs_grad[3][20] = {
+    {0.0038674907, -0.21761077, 0.110119202, 0.083343715, 0.0202803623, 0, 0, 0, 0, 0, 0.0525170572, 0.11437495, 0.0844359037,
+     -0.246497874, -0.00483003691, -0.269545825, -0.00476530619, 0.00430577912, 0.0516180508, 0.218387301},
+    {0.0116024721, -0.65283231, 0.330357606, 0.250031145, 0.0608410869, 0, 0, 0, 0, 0, 0.157551172, 0.343124851, 0.253307711,
+     -0.739493623, -0.0144901107, -0.808637474, -0.0142959186, 0.0129173374, 0.154854152, 0.655161903},
+    {0.00580123606, -0.326416155, 0.165178803, 0.125015573, 0.0304205435, 0, 0, 0, 0, 0, 0.315102343, 0.686249702, 0.506615422,
+     -1.47898725, -0.0289802214, -1.21295621, -0.0214438779, 0.0193760061, 0.232281229, 0.982742855}};
+
+static void check_xent_settings(dtr_context *ctx, dtr_loss_reduction red) {
+    static const int32_t t[4] = {1, -100, 3, 0};
+    static const float w[4] = {0.5f, -1.0f, 2.0f, 1.5f};
+    int64_t xs[2] = {4, 5}, n = 4;
+    float xv[20], yv[4];
+    dtr_xent_config c = dtr_xent_config_init();
+    dtr_tensor *x, *y;
+    int k, ny = red == DTR_LOSS_NONE ? 4 : 1;
+    for (k = 0; k < 20; k++) xv[k] = (float)(2.0 * sin(0.7 * k));
+    c.label_smoothing = 0.2f, c.reduction = red;
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, xs, xv));
+    y = dtr_cross_entropy_ex(ctx, x, dtr_tensor_from(ctx, DTR_I32, 1, &n, t), &c);   /* -100: ignored by default */
+    CHECK_OK(ctx, dtr_backward(ctx, red == DTR_LOSS_NONE ? dtr_sum_all(ctx, dtr_mul(ctx, y, dtr_tensor_from(ctx, DTR_F32, 1, &n, w)))
+                                                        : y));
+    CHECK(dtr_tensor_numel(y) == ny && dtr_tensor_ndim(y) == (red == DTR_LOSS_NONE ? 1 : 0));
+    dtr_tensor_read(y, DTR_F32, yv, (size_t)ny);
+    for (k = 0; k < ny; k++) CHECK_NEAR(yv[k], k_xs_loss[red][k], 2e-6 * (1 + fabs(k_xs_loss[red][k])));
+    for (k = 0; k < 20; k++) CHECK_NEAR(dtr_tensor_grad(x)[k], k_xs_grad[red][k], 2e-6);
+    dtr_context_reset(ctx);
+}
+
+static void test_xent_settings(void) {
+    dtr_context *ctx = test_ctx(2);
+    dtr_xent_config c = dtr_xent_config_init();
+    int32_t t[3] = {5, 5, 5};
+    int64_t xs[2] = {3, 4}, n = 3;
+    dtr_tensor *x, *y;
+    check_xent_settings(ctx, DTR_LOSS_MEAN);
+    check_xent_settings(ctx, DTR_LOSS_SUM);
+    check_xent_settings(ctx, DTR_LOSS_NONE);
+    c.ignore_index = 5;   /* every row ignored: 0 and no gradient (PyTorch: NaN) */
+    x = dtr_tensor_requires_grad(dtr_tensor_full(ctx, 2, xs, 1.0f));
+    y = dtr_cross_entropy_ex(ctx, x, dtr_tensor_from(ctx, DTR_I32, 1, &n, t), &c);
+    CHECK_OK(ctx, dtr_backward(ctx, y));
+    CHECK(dtr_tensor_get(y, 0) == 0.0f && dtr_tensor_grad(x)[0] == 0.0f && dtr_tensor_grad(x)[11] == 0.0f);
+    c.ignore_index = -100, t[1] = -1;   /* a negative target that is not ignored */
+    y = dtr_cross_entropy_ex(ctx, x, dtr_tensor_from(ctx, DTR_I32, 1, &n, t), &c);
+    CHECK(y == NULL || dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(ctx), "outside") != NULL);
+    dtr_context_clear_error(ctx);
+    c.label_smoothing = 1.0f;
+    CHECK(dtr_cross_entropy_ex(ctx, x, dtr_tensor_from(ctx, DTR_I32, 1, &n, t), &c) == NULL);
+    CHECK(dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    c.label_smoothing = 0.0f, c.reduction = (dtr_loss_reduction)3;
+    CHECK(dtr_cross_entropy_ex(ctx, x, dtr_tensor_from(ctx, DTR_I32, 1, &n, t), &c) == NULL);
+    CHECK(dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
     dtr_context_destroy(ctx);
 }
 
@@ -1105,6 +1173,7 @@ int main(void) {
     RUN(test_empty_mean);
     RUN(test_abs_gelu_erf);
     RUN(test_math_ops);
+    RUN(test_xent_settings);
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);

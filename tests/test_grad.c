@@ -266,6 +266,20 @@ static dtr_tensor *b_xent(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_cross_entropy(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, t));
 }
 
+/* dtr_cross_entropy_ex: rows 1 and 4 carry the ignored target 7; arg 0: smoothing 0.1, mean;
+   1: sum; 2: no reduction (each row's loss, (2, 3)) (every row ignored: test_autograd.c) */
+static dtr_tensor *b_xent_ex(dtr_context *c, dtr_tensor **x, void *u) {
+    static const int32_t t[6] = {0, 7, 2, 2, 7, 3};
+    int64_t n = 6, rows[2] = {2, 3};
+    int a = *(const int *)u;
+    dtr_xent_config cfg = dtr_xent_config_init();
+    cfg.ignore_index = 7;
+    cfg.label_smoothing = a == 0 ? 0.1f : 0.0f;
+    cfg.reduction = a == 1 ? DTR_LOSS_SUM : a == 2 ? DTR_LOSS_NONE : DTR_LOSS_MEAN;
+    return dtr_cross_entropy_ex(c, x[0], a == 2 ? dtr_tensor_from(c, DTR_I32, 2, rows, t) : dtr_tensor_from(c, DTR_I32, 1, &n, t),
+                                &cfg);
+}
+
 static dtr_tensor *b_mse(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_mse(c, x[0], x[1]); }
 
 static dtr_tensor *b_reduce(dtr_context *c, dtr_tensor **x, void *u) {
@@ -563,6 +577,9 @@ static const op_case CASES[] = {
     {"log_softmax", 1, {IN3(2, 5, 5)}, b_softmax, KA(1), 0, NULL},
     {"softmax_causal", 1, {IN3(2, 5, 5)}, b_softmax, KA(2), 0, NULL},
     {"cross_entropy", 1, {IN2(6, 5)}, b_xent, K0, 0, NULL},
+    {"cross_entropy ignoring 2 rows, label smoothing 0.1", 1, {IN2(6, 5)}, b_xent_ex, KA(0), 0, NULL},
+    {"cross_entropy ignoring 2 rows, sum", 1, {IN2(6, 5)}, b_xent_ex, KA(1), 0, NULL},
+    {"cross_entropy ignoring 2 rows, each row's loss", 1, {IN3(2, 3, 5)}, b_xent_ex, KA(2), 0, NULL},
     {"mse", 2, {IN3(2, 3, 4), IN3(2, 3, 4)}, b_mse, K0, 0, NULL},
     {"sum axis 1", 1, {IN3(3, 4, 5)}, b_reduce, KA(0), 0, NULL},
     {"mean axis -1 keepdim", 1, {IN3(3, 4, 5)}, b_reduce, KA(1), 0, NULL},

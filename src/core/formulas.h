@@ -218,6 +218,12 @@ DTR__HD float dtr__f_erf(float x) {
 DTR__HD float dtr__f_xent_term(float x, float max) { return dtr__f_exp(x - max); }
 /** The probability of logit x in its row: the f32 softmax the forward's sum came from. */
 DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)dtr__f_xent_term(x, st.max) * st.inv); }
+/** A row's loss from its maximum, exp-sum s, target logit xt and mean logit (label smoothing
+ *  eps: the target weighs 1 - eps, every class eps / K): (1 - eps)(lse - xt) + eps (lse - mean). */
+DTR__HD double dtr__f_xent_loss(float max, double s, float xt, double mean, float eps) {
+    double lse = (double)max + log(s);
+    return eps > 0.0f ? (1.0 - (double)eps) * (lse - (double)xt) + (double)eps * (lse - mean) : lse - (double)xt;
+}
 
 DTR__HD float dtr__f_gelu(float x) { return 0.5f * x * (1.0f + dtr__f_tanh(DTR__GELU_K * (x + 0.044715f * x * x * x))); }
 DTR__HD float dtr__f_gelu_grad(float x) {

@@ -165,7 +165,8 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...) and a convolution's geometry;
+/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...), a convolution's geometry and a
+   cross-entropy's settings;
    notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
@@ -180,6 +181,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     h = dtr__fnv_tensor(h, n->out);
     if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
     if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
+    if (n->op == DTR_OP_CROSS_ENTROPY) h = dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
     return dtr__graph_note(g, slot, n->op, h);
 }
 

@@ -226,6 +226,12 @@ typedef struct dtr__checkpoint_params {
                                          region's tape) that the kernel copies into out */
 } dtr__checkpoint_params;
 
+typedef struct dtr__xent_params {     /* CROSS_ENTROPY */
+    int32_t ignore_index;             /* rows with this target add nothing */
+    float smoothing;                  /* label smoothing in [0, 1) */
+    int reduction;                    /* dtr_loss_reduction */
+} dtr__xent_params;
+
 /* SCALE: a the factor; POW: a the exponent; CLAMP: [a, b]; LEAKY_RELU: a the slope below 0;
    SOFTPLUS: a = beta, b = threshold (the others: none) */
 typedef struct dtr__unary_params { float a, b; } dtr__unary_params;
@@ -261,6 +267,7 @@ typedef union dtr__op_params {
     dtr__batchnorm_params batchnorm;  /* BATCHNORM */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
+    dtr__xent_params xent;
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;

@@ -160,29 +160,54 @@ dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor
     return n->out ? n : NULL;
 }
 
-dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+dtr_xent_config dtr_xent_config_init(void) {
+    dtr_xent_config c;
+    c.ignore_index = -100;
+    c.label_smoothing = 0.0f;
+    c.reduction = DTR_LOSS_MEAN;
+    return c;
+}
+
+dtr_tensor *dtr_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, const dtr_xent_config *cfg) {
+    dtr_xent_config c = cfg ? *cfg : dtr_xent_config_init();
     dtr__node *n;
     if (!ctx) return NULL;
+    if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f) || c.reduction < DTR_LOSS_MEAN || c.reduction > DTR_LOSS_NONE)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: label smoothing %g must be in [0, 1) and the reduction "
+                          "(%d) mean, sum or none", (double)c.label_smoothing, (int)c.reduction);
     n = dtr__xent_node(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy", logits, targets);
-    return n ? dtr__record(ctx, n, "dtr_cross_entropy") : NULL;
+    if (!n) return NULL;
+    n->p.xent.ignore_index = c.ignore_index;
+    n->p.xent.smoothing = c.label_smoothing;
+    n->p.xent.reduction = (int)c.reduction;
+    if (c.reduction == DTR_LOSS_NONE &&   /* each row's loss, in the targets' shape */
+        !(n->out = dtr__tensor_alloc(ctx, DTR_F32, n->in[1]->ndim, n->in[1]->shape, "dtr_cross_entropy")))
+        return NULL;
+    return dtr__record(ctx, n, "dtr_cross_entropy");
+}
+
+dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+    return dtr_cross_entropy_ex(ctx, logits, targets, NULL);
 }
 
 /* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
  * backward recomputes them from the logits, which stay anyway, so the op holds R x 24 bytes
  * (the statistics and the row's loss) instead of R x K floats (the size of the logits again,
- * 400 MB for a GPT's vocabulary). The logits are read in their own dtype (f32, bf16, f16:
- * never widened, src/core/widen.c): a GPT's 16-bit logits take no f32 copy of their size.
+ * 400 MB for a GPT's vocabulary), and one more double: what dL/dy is divided by in backward (the
+ * rows counted for a mean, 1 for a sum). The logits are read in their own dtype (f32, bf16,
+ * f16: never widened, src/core/widen.c): a GPT's 16-bit logits take no f32 copy of their size.
  * Rows run on the pool; the row losses are summed in row order (the same bits at any count
- * of threads). */
+ * of threads). An ignored row's loss is 0 and it gets no gradient. */
 typedef struct dtr__xent_job {
     const dtr__node *nd;
     const void *X;
     int dt;
     int64_t K;
     const int32_t *t;
+    dtr__xent_params p;
     dtr__xent_row *st;
     double *loss;       /* forward: each row's */
-    float c;            /* backward: dL/dy / R */
+    float div;          /* backward: dL/dy's divisor (mean, sum) */
 } dtr__xent_job;
 
 static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
@@ -190,29 +215,38 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     memset(&j, 0, sizeof j);
     j.nd = nd, j.X = dtr__data(x), j.dt = x->dtype, j.K = x->shape[x->ndim - 1], j.t = dtr__i32(nd->in[1]);
+    j.p = nd->p.xent;
     return j;
 }
 
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
-/* g[k] += c p[k] over a row of K f32 logits, p its probabilities again, eight at a time */
-DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
+/* g[k] += c p[k] - d over a row of K f32 logits, p its probabilities again, eight at a time */
+DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
     int64_t k = 0;
     int i;
     for (; k + 8 <= K; k += 8) {
         float p[8];
         for (i = 0; i < 8; i++) p[i] = dtr__f_xent_prob(x[k + i], st);
-        for (i = 0; i < 8; i++) g[k + i] += c * p[i];
+        for (i = 0; i < 8; i++) g[k + i] += c * p[i] - d;
     }
-    for (; k < K; k++) g[k] += c * dtr__f_xent_prob(x[k], st);
+    for (; k < K; k++) g[k] += c * dtr__f_xent_prob(x[k], st) - d;
 }
-DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
-    dtr__xent_grad_body(g, x, K, st, c);
+DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
+    dtr__xent_grad_body(g, x, K, st, c, d);
 }
-static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
-    if (dtr__simd_avx2()) dtr__xent_grad_avx2(g, x, K, st, c);
-    else dtr__xent_grad_body(g, x, K, st, c);
+static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
+    if (dtr__simd_avx2()) dtr__xent_grad_avx2(g, x, K, st, c, d);
+    else dtr__xent_grad_body(g, x, K, st, c, d);
+}
+
+/* the mean of row r's logits (label smoothing's term) */
+static double dtr__xent_mean(const dtr__xent_job *j, int64_t r) {
+    double s = 0.0;
+    int64_t k;
+    for (k = 0; k < j->K; k++) s += dtr__f_load(j->X, j->dt, r * j->K + k);
+    return s / (double)j->K;
 }
 
 /* each row's maximum, exp-sum and loss; f32 logits read as an array, 16-bit ones by dtype */
@@ -224,6 +258,8 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     for (r = b; r < e; r++) {
         float mx = -INFINITY;
         double s = 0.0;
+        j->st[r].max = 0.0f, j->st[r].inv = 1.0, j->loss[r] = 0.0;
+        if (j->t[r] == j->p.ignore_index) continue;
         if (x32) {
             const float *x = x32 + r * K;
             mx = dtr__max_f32(x, K, -INFINITY, 0);
@@ -234,51 +270,74 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         j->st[r].max = mx;
         j->st[r].inv = 1.0 / s;
-        j->loss[r] = (double)mx + log(s) - dtr__f_load(j->X, j->dt, r * K + j->t[r]);
+        j->loss[r] = dtr__f_xent_loss(mx, s, dtr__f_load(j->X, j->dt, r * K + j->t[r]),
+                                      j->p.smoothing > 0.0f ? dtr__xent_mean(j, r) : 0.0, j->p.smoothing);
     }
+}
+
+/* the rows that count: DTR_OK, or the first target outside [0, K) that is not ignored */
+static dtr_result dtr__xent_targets(dtr_context *ctx, const dtr__xent_job *j, int64_t R, int64_t *kept) {
+    int64_t r;
+    for (r = 0, *kept = 0; r < R; r++) {
+        if (j->t[r] == j->p.ignore_index) continue;
+        if (j->t[r] < 0 || j->t[r] >= j->K)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)j->t[r], (long long)j->K);
+        ++*kept;
+    }
+    return DTR_OK;
 }
 
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__xent_job j = dtr__xent_job_of(nd);
-    int64_t R = dtr__rows(nd->in[0]), r;
+    int64_t R = dtr__rows(nd->in[0]), r, kept;
     size_t rows = (size_t)(R ? R : 1);
-    double loss = 0.0;
-    for (r = 0; r < R; r++)
-        if (j.t[r] < 0 || j.t[r] >= j.K)
-            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
-                             (long long)r, (int)j.t[r], (long long)j.K);
-    j.st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)));
+    double loss = 0.0, *div;
+    float *y = dtr__f32(nd->out);
+    if (dtr__xent_targets(ctx, &j, R, &kept) != DTR_OK) return ctx->status;
+    j.st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)) + sizeof(double));
     if (!j.st) return ctx->status;
-    nd->saved = j.st;   /* the row statistics for backward, then the row losses */
+    nd->saved = j.st;   /* the row statistics for backward, then the row losses, then the divisor */
     j.loss = (double *)(j.st + rows);
+    div = j.loss + rows;
     dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_fwd_range, &j);
+    if (j.p.reduction == DTR_LOSS_NONE) {
+        for (r = 0, *div = 1.0; r < R; r++) y[r] = (float)j.loss[r];
+        return DTR_OK;
+    }
     for (r = 0; r < R; r++) loss += j.loss[r];
-    dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
+    *div = j.p.reduction == DTR_LOSS_SUM ? 1.0 : (double)kept;
+    y[0] = kept ? (float)(loss / *div) : 0.0f;
     return DTR_OK;
 }
 
 static void dtr__xent_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__xent_job *j = (const dtr__xent_job *)arg;
     float *gx = dtr__gradof(j->nd->in[0]);
+    const float *gy = j->nd->out->grad;
     int64_t r, k, K = j->K;
     (void)w;
     for (r = b; r < e; r++) {
         const dtr__xent_row st = j->st[r];
-        float *g = gx + r * K;
+        float *g = gx + r * K, c, d;
+        if (j->t[r] == j->p.ignore_index) continue;
+        c = j->p.reduction == DTR_LOSS_NONE ? gy[r] : gy[0] / j->div;
+        d = c * j->p.smoothing / (float)K;   /* smoothing's share of each class */
         if (j->dt == DTR_F32)
-            dtr__xent_grad_row(g, (const float *)j->X + r * K, K, st, j->c);
+            dtr__xent_grad_row(g, (const float *)j->X + r * K, K, st, c, d);
         else
-            for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), st);
-        g[j->t[r]] -= j->c;
+            for (k = 0; k < K; k++) g[k] += c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), st) - d;
+        g[j->t[r]] -= c * (1.0f - j->p.smoothing);
     }
 }
 
 dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__xent_job j = dtr__xent_job_of(nd);
     int64_t R = dtr__rows(nd->in[0]);
+    size_t rows = (size_t)(R ? R : 1);
     if (!dtr__gradof(nd->in[0]) || !R) return DTR_OK;
     j.st = (dtr__xent_row *)nd->saved;
-    j.c = nd->out->grad[0] / (float)R;
+    j.div = (float)((const double *)(j.st + rows))[rows];
     dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_bwd_range, &j);
     return DTR_OK;
 }

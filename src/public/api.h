@@ -498,10 +498,42 @@ DTR_API dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x);
  *  row i gets probability 0. */
 DTR_API dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x);
 
-/** Mean cross-entropy of logits (N, K) (or (..., K)) against i32 class indices (N) (or (...)).
- *  An index outside [0, K) is DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0).
+/** Mean cross-entropy of logits (N, K) (or (..., K)) against i32 class indices (N) (or (...)):
+ *  dtr_cross_entropy_ex with dtr_xent_config_init's settings, PyTorch's F.cross_entropy
+ *  defaults (a target of -100 is ignored). Another index outside [0, K) is
+ *  DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets);
+
+/** How a loss's rows become its result. */
+typedef enum dtr_loss_reduction {
+    DTR_LOSS_MEAN = 0,   /**< the mean over the rows that count (a scalar) */
+    DTR_LOSS_SUM = 1,    /**< their sum (a scalar) */
+    DTR_LOSS_NONE = 2    /**< each row's loss, in the targets' shape (0 for an ignored row): weigh
+                              them (a policy gradient's advantages, per-sample weights), then
+                              reduce them yourself */
+} dtr_loss_reduction;
+
+/** PyTorch's F.cross_entropy arguments for class indices. */
+typedef struct dtr_xent_config {
+    int32_t ignore_index;          /**< rows whose target is this add no loss and no gradient and
+                                        leave the mean's count (padding tokens of a batch of
+                                        sequences); -100 from init, as PyTorch */
+    float label_smoothing;         /**< in [0, 1): the target class weighs 1 - eps, every class
+                                        eps / K (0 from init) */
+    dtr_loss_reduction reduction;  /**< DTR_LOSS_MEAN from init */
+} dtr_xent_config;
+
+/** ignore_index -100, label_smoothing 0, reduction mean. Thread safety: any thread. */
+DTR_API dtr_xent_config dtr_xent_config_init(void);
+/** Cross-entropy of logits (..., K) against i32 class indices (...) with `cfg`'s ignored
+ *  target, label smoothing and reduction (NULL: dtr_xent_config_init's). The mean of a batch
+ *  whose every row is ignored is 0 (PyTorch gives NaN), with no gradient. A target outside
+ *  [0, K) other than ignore_index is DTR_INVALID_ARGUMENT (when the forward runs); smoothing
+ *  outside [0, 1) or an unknown reduction is DTR_INVALID_ARGUMENT. The logits are read in
+ *  their own dtype (f32, bf16, f16), never copied to f32. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets,
+                                         const dtr_xent_config *cfg);
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
 /** Binary cross-entropy of logits against targets in [0, 1] (0/1 labels or soft ones), same
