@@ -688,6 +688,11 @@ DTR_API dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, d
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
+/** 1-D max and average pooling over (N, C, L) with a window of k (PyTorch's max_pool1d and
+ *  avg_pool1d): stride 0 means k, padding up to k / 2, the rules and errors of the 2-D ones.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_maxpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
+DTR_API dtr_tensor *dtr_avgpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
  *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
@@ -4620,7 +4625,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4624 "dtrain.h"
+#line 4629 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4828,7 +4833,7 @@ typedef struct dtr__conv2d_params {   /* CONV2D, CONV_TRANSPOSE2D: per axis (hei
     int64_t stride[2], padding[2], dilation[2];
     int64_t groups;                   /* C and O divide into groups; w (O, C / groups, KH, KW) */
 } dtr__conv2d_params;
-typedef struct dtr__pool2d_params { int64_t k, stride, padding; } dtr__pool2d_params; /* MAX/AVGPOOL2D */
+typedef struct dtr__pool2d_params { int64_t k[2], stride[2], padding[2]; } dtr__pool2d_params; /* MAX/AVGPOOL2D: (h, w) */
 typedef struct dtr__dropout_params {
     float p;                          /* drop probability, in (0, 1) */
     dtr_rng rng;                      /* the context's stream where this op's draws start: the
@@ -5487,7 +5492,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5491 "dtrain.h"
+#line 5496 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5916,7 +5921,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5920 "dtrain.h"
+#line 5925 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5978,7 +5983,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5982 "dtrain.h"
+#line 5987 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6357,7 +6362,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6361 "dtrain.h"
+#line 6366 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6400,7 +6405,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6404 "dtrain.h"
+#line 6409 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6434,7 +6439,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6438 "dtrain.h"
+#line 6443 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6493,7 +6498,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6497 "dtrain.h"
+#line 6502 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6567,7 +6572,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6571 "dtrain.h"
+#line 6576 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6635,7 +6640,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6639 "dtrain.h"
+#line 6644 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6710,7 +6715,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6714 "dtrain.h"
+#line 6719 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7062,7 +7067,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7066 "dtrain.h"
+#line 7071 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7886,7 +7891,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7890 "dtrain.h"
+#line 7895 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8561,7 +8566,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8565 "dtrain.h"
+#line 8570 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8652,7 +8657,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8656 "dtrain.h"
+#line 8661 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9134,7 +9139,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9138 "dtrain.h"
+#line 9143 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9389,7 +9394,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9393 "dtrain.h"
+#line 9398 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9622,7 +9627,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9626 "dtrain.h"
+#line 9631 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9741,7 +9746,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9745 "dtrain.h"
+#line 9750 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9797,7 +9802,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9801 "dtrain.h"
+#line 9806 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9968,9 +9973,17 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...), a convolution's geometry and a
-   cross-entropy's settings;
-   notes a read of the own tape */
+/* h extended by the parameters that change an op's result without changing its shapes (a layer's
+   geometry may change between launches) */
+static uint64_t dtr__graph_params(const dtr__node *n, uint64_t h) {
+    if (!strcmp(dtr__graph_families[n->op], "unary")) return dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
+    if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) return dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);
+    if (n->op == DTR_OP_MAXPOOL2D || n->op == DTR_OP_AVGPOOL2D) return dtr__fnv(h, &n->p.pool2d, sizeof n->p.pool2d);
+    if (n->op == DTR_OP_CROSS_ENTROPY) return dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
+    return h;
+}
+
+/* the node's op, its tensors' shapes and parameters (dtr__graph_params); notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
     uint64_t h = 14695981039346656037ull;
@@ -9982,9 +9995,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
         if (!g->checking && n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;   /* the capture's */
     }
     h = dtr__fnv_tensor(h, n->out);
-    if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
-    if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
-    if (n->op == DTR_OP_CROSS_ENTROPY) h = dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
+    h = dtr__graph_params(n, h);
     return dtr__graph_note(g, slot, n->op, h);
 }
 
@@ -10186,7 +10197,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10190 "dtrain.h"
+#line 10201 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10448,7 +10459,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10452 "dtrain.h"
+#line 10463 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10943,7 +10954,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10947 "dtrain.h"
+#line 10958 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11122,7 +11133,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11126 "dtrain.h"
+#line 11137 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12336,7 +12347,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12340 "dtrain.h"
+#line 12351 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12858,29 +12869,41 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- pooling ---- */
 
-static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int k, int stride, int padding) {
+/* x (N, C, H, W) pooled by a kh x kw window (k[0], k[1]) with per-axis stride and padding */
+static dtr_tensor *dtr__pooling(dtr_context *ctx, int op, const char *name, dtr_tensor *x, const int *k, const int *stride,
+                             const int *padding) {
     dtr__node *n;
     int64_t shape[4];
+    char s1[96];
+    int a;
+    for (a = 0; a < 2; a++) {
+        if (k[a] < 1 || stride[a] < 1 || padding[a] < 0 || 2 * padding[a] > k[a])
+            return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: window %d, stride %d, padding %d are invalid", name, k[a], stride[a],
+                              padding[a]);
+        if (x->shape[2 + a] + 2 * padding[a] < k[a])
+            return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: window %d larger than the input %s", name, k[a],
+                              dtr__shape_str(x, s1, sizeof s1));
+    }
+    x = dtr__contig_input(ctx, x);
+    if (!x || !(n = dtr__node_new(ctx, op, 1, &x))) return NULL;
+    shape[0] = x->shape[0]; shape[1] = x->shape[1];
+    for (a = 0; a < 2; a++) {
+        shape[2 + a] = (x->shape[2 + a] + 2 * padding[a] - k[a]) / stride[a] + 1;
+        n->p.pool2d.k[a] = k[a], n->p.pool2d.stride[a] = stride[a], n->p.pool2d.padding[a] = padding[a];
+    }
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int k, int stride, int padding) {
+    int ks[2], ss[2], ps[2];
     char s1[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (x->ndim != 4) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x %s must be (N, C, H, W)", name, dtr__shape_str(x, s1, sizeof s1));
-    if (stride == 0) stride = k;
-    if (k < 1 || stride < 1 || padding < 0 || 2 * padding > k)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: window %d, stride %d, padding %d are invalid", name, k, stride, padding);
-    if (x->shape[2] + 2 * padding < k || x->shape[3] + 2 * padding < k)
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: window %d larger than the input %s", name, k, dtr__shape_str(x, s1, sizeof s1));
-    x = dtr__contig_input(ctx, x);
-    if (!x) return NULL;
-    shape[0] = x->shape[0]; shape[1] = x->shape[1];
-    shape[2] = (x->shape[2] + 2 * padding - k) / stride + 1;
-    shape[3] = (x->shape[3] + 2 * padding - k) / stride + 1;
-    n = dtr__node_new(ctx, op, 1, &x);
-    if (!n) return NULL;
-    n->p.pool2d.k = k; n->p.pool2d.stride = stride; n->p.pool2d.padding = padding;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, name);
+    ks[0] = ks[1] = k, ss[0] = ss[1] = stride ? stride : k, ps[0] = ps[1] = padding;
+    return dtr__pooling(ctx, op, name, x, ks, ss, ps);
 }
 
 dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding) {
@@ -12890,16 +12913,38 @@ dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, in
     return dtr__pool2d(ctx, DTR_OP_AVGPOOL2D, "dtr_avgpool2d", x, k, stride, padding);
 }
 
+/* 1-D: (N, C, L) pooled as (N, C, 1, L) by a 1 x k window */
+static dtr_tensor *dtr__pool1d(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int k, int stride, int padding) {
+    int ks[2] = {1, k}, ss[2] = {1, stride ? stride : k}, ps[2] = {0, padding};
+    int64_t xs[4], ys[3];
+    dtr_tensor *y;
+    char s1[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (x->ndim != 3) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x %s must be (N, C, L)", name, dtr__shape_str(x, s1, sizeof s1));
+    xs[0] = x->shape[0], xs[1] = x->shape[1], xs[2] = 1, xs[3] = x->shape[2];
+    if (!(x = dtr_reshape(ctx, x, 4, xs)) || !(y = dtr__pooling(ctx, op, name, x, ks, ss, ps))) return NULL;
+    ys[0] = y->shape[0], ys[1] = y->shape[1], ys[2] = y->shape[3];
+    return dtr_reshape(ctx, y, 3, ys);
+}
+
+dtr_tensor *dtr_maxpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding) {
+    return dtr__pool1d(ctx, DTR_OP_MAXPOOL2D, "dtr_maxpool1d", x, k, stride, padding);
+}
+dtr_tensor *dtr_avgpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding) {
+    return dtr__pool1d(ctx, DTR_OP_AVGPOOL2D, "dtr_avgpool1d", x, k, stride, padding);
+}
+
 /* Pooling kernels run over the N*C planes in parallel: a plane's output and its input
  * gradient depend on that plane only, so any split gives the same bits. */
 typedef struct {
     const dtr__node *nd;
-    int64_t H, W, Ho, Wo, k, S, P;
+    int64_t H, W, Ho, Wo, KH, KW, SH, SW, PH, PW;
 } dtr__pool2d_job;
 
 /* Reference loops: any window, stride and padding; max keeps the first largest value. */
 static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
-    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
+    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo;
     int64_t c, oi, oj, a, b;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
@@ -12911,11 +12956,11 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
             for (oj = 0; oj < Wo; oj++) {
                 float best = -INFINITY, s = 0.0f;
                 int32_t bi = -1;
-                for (a = 0; a < k; a++) {
-                    int64_t ii = oi * S - P + a;
+                for (a = 0; a < j->KH; a++) {
+                    int64_t ii = oi * j->SH - j->PH + a;
                     if (ii < 0 || ii >= H) continue;
-                    for (b = 0; b < k; b++) {
-                        int64_t jj = oj * S - P + b;
+                    for (b = 0; b < j->KW; b++) {
+                        int64_t jj = oj * j->SW - j->PW + b;
                         float v;
                         if (jj < 0 || jj >= W) continue;
                         v = xc[ii * W + jj];
@@ -12924,7 +12969,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
                     }
                 }
                 if (maxp) { Y[(c * Ho + oi) * Wo + oj] = best; arg[(c * Ho + oi) * Wo + oj] = bi; }
-                else Y[(c * Ho + oi) * Wo + oj] = s / (float)(k * k);
+                else Y[(c * Ho + oi) * Wo + oj] = s / (float)(j->KH * j->KW);
             }
     }
 }
@@ -12995,13 +13040,14 @@ static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) 
 static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
     (void)worker;
-    if (j->nd->op == DTR_OP_MAXPOOL2D && j->k == 2 && j->S == 2 && j->P == 0) dtr__maxpool2_fwd(j, b, e);
+    if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
+        dtr__maxpool2_fwd(j, b, e);
     else dtr__pool2d_fwd_ref(j, b, e);
 }
 
 static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
-    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
+    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo;
     int64_t c, oi, oj, a, b;
     const float *G = j->nd->out->grad;
     const int32_t *arg_ = (const int32_t *)j->nd->saved;
@@ -13017,12 +13063,12 @@ static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker)
         }
         for (oi = 0; oi < Ho; oi++)
             for (oj = 0; oj < Wo; oj++) {
-                float g = G[(c * Ho + oi) * Wo + oj] / (float)(k * k);
-                for (a = 0; a < k; a++) {
-                    int64_t ii = oi * S - P + a;
+                float g = G[(c * Ho + oi) * Wo + oj] / (float)(j->KH * j->KW);
+                for (a = 0; a < j->KH; a++) {
+                    int64_t ii = oi * j->SH - j->PH + a;
                     if (ii < 0 || ii >= H) continue;
-                    for (b = 0; b < k; b++) {
-                        int64_t jj = oj * S - P + b;
+                    for (b = 0; b < j->KW; b++) {
+                        int64_t jj = oj * j->SW - j->PW + b;
                         if (jj >= 0 && jj < W) gc[ii * W + jj] += g;
                     }
                 }
@@ -13035,7 +13081,9 @@ static void dtr__pool2d_job_of(const dtr__node *nd, dtr__pool2d_job *j, int64_t 
     j->nd = nd;
     j->H = x->shape[2]; j->W = x->shape[3];
     j->Ho = nd->out->shape[2]; j->Wo = nd->out->shape[3];
-    j->k = nd->p.pool2d.k; j->S = nd->p.pool2d.stride; j->P = nd->p.pool2d.padding;
+    j->KH = nd->p.pool2d.k[0]; j->KW = nd->p.pool2d.k[1];
+    j->SH = nd->p.pool2d.stride[0]; j->SW = nd->p.pool2d.stride[1];
+    j->PH = nd->p.pool2d.padding[0]; j->PW = nd->p.pool2d.padding[1];
     *planes = x->shape[0] * x->shape[1];
     *grain = 16384 / (j->H * j->W + 1) + 1;   /* about 16k input elements per chunk at least */
 }
@@ -13060,7 +13108,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 13064 "dtrain.h"
+#line 13112 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13322,7 +13370,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13326 "dtrain.h"
+#line 13374 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13692,7 +13740,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13696 "dtrain.h"
+#line 13744 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13826,7 +13874,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13830 "dtrain.h"
+#line 13878 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14548,7 +14596,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 14552 "dtrain.h"
+#line 14600 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -14940,7 +14988,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14944 "dtrain.h"
+#line 14992 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15216,7 +15264,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15220 "dtrain.h"
+#line 15268 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15389,7 +15437,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 15393 "dtrain.h"
+#line 15441 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15644,7 +15692,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15648 "dtrain.h"
+#line 15696 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16189,7 +16237,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16193 "dtrain.h"
+#line 16241 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16327,7 +16375,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16331 "dtrain.h"
+#line 16379 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16674,7 +16722,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16678 "dtrain.h"
+#line 16726 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16740,7 +16788,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16744 "dtrain.h"
+#line 16792 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16977,7 +17025,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16981 "dtrain.h"
+#line 17029 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17726,7 +17774,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17730 "dtrain.h"
+#line 17778 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18179,7 +18227,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18183 "dtrain.h"
+#line 18231 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18235,7 +18283,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18239 "dtrain.h"
+#line 18287 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19012,7 +19060,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19016 "dtrain.h"
+#line 19064 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19593,7 +19641,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19597 "dtrain.h"
+#line 19645 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20224,7 +20272,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20228 "dtrain.h"
+#line 20276 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21020,7 +21068,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21024 "dtrain.h"
+#line 21072 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21373,7 +21421,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21377 "dtrain.h"
+#line 21425 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21563,7 +21611,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21567 "dtrain.h"
+#line 21615 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21744,7 +21792,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21748 "dtrain.h"
+#line 21796 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22519,7 +22567,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22523 "dtrain.h"
+#line 22571 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23036,7 +23084,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23040 "dtrain.h"
+#line 23088 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23831,7 +23879,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23835 "dtrain.h"
+#line 23883 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25079,7 +25127,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25083 "dtrain.h"
+#line 25131 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25701,7 +25749,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25705 "dtrain.h"
+#line 25753 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26202,7 +26250,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26206 "dtrain.h"
+#line 26254 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26932,7 +26980,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26936 "dtrain.h"
+#line 26984 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27168,7 +27216,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27172 "dtrain.h"
+#line 27220 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27297,7 +27345,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27301 "dtrain.h"
+#line 27349 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27734,7 +27782,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27738 "dtrain.h"
+#line 27786 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28227,7 +28275,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28231 "dtrain.h"
+#line 28279 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28776,7 +28824,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28780 "dtrain.h"
+#line 28828 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -29282,7 +29330,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 29286 "dtrain.h"
+#line 29334 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30831,7 +30879,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30835 "dtrain.h"
+#line 30883 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30885,7 +30933,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30889 "dtrain.h"
+#line 30937 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32063,7 +32111,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32067 "dtrain.h"
+#line 32115 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32966,7 +33014,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32970 "dtrain.h"
+#line 33018 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34444,7 +34492,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34448 "dtrain.h"
+#line 34496 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34833,7 +34881,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34837 "dtrain.h"
+#line 34885 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34982,7 +35030,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34986 "dtrain.h"
+#line 35034 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

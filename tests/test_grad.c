@@ -393,7 +393,9 @@ static dtr_tensor *b_pool(dtr_context *c, dtr_tensor **x, void *u) {
     case 0: return dtr_maxpool2d(c, x[0], 2, 0, 0);
     case 1: return dtr_maxpool2d(c, x[0], 3, 2, 1);
     case 2: return dtr_avgpool2d(c, x[0], 2, 0, 0);
-    default: return dtr_avgpool2d(c, x[0], 3, 1, 1);
+    case 3: return dtr_avgpool2d(c, x[0], 3, 1, 1);
+    case 4: return dtr_maxpool1d(c, x[0], 3, 2, 1);
+    default: return dtr_avgpool1d(c, x[0], 4, 3, 2);
     }
 }
 
@@ -620,6 +622,8 @@ static const op_case CASES[] = {
     {"maxpool 3 stride 2 pad 1", 1, {{4, {2, 2, 6, 7}, 2}}, b_pool, KA(1), 0, NULL},
     {"avgpool 2", 1, {IN4(2, 2, 6, 7)}, b_pool, KA(2), 0, NULL},
     {"avgpool 3 stride 1 pad 1", 1, {IN4(2, 2, 6, 7)}, b_pool, KA(3), 0, NULL},
+    {"maxpool1d 3 stride 2 pad 1", 1, {{3, {2, 3, 9}, 2}}, b_pool, KA(4), 0, NULL},
+    {"avgpool1d 4 stride 3 pad 2", 1, {IN3(2, 3, 10)}, b_pool, KA(5), 0, NULL},
     {"causal self-attention", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention, K0, 0, NULL},
     {"causal self-attention, two tiles of queries", 3, {IN3(1, 40, 4), IN3(1, 40, 4), IN3(1, 40, 4)}, b_attention, K0, 0, NULL},
     /* more rows than a GPU tile (256): the backend parity check only (too long to difference) */

@@ -22,7 +22,7 @@
  *                         dtr_conv1d_layer against nn.Conv1d: outputs and the gradients of x,
  *                         weight and bias, at 1 and 2 threads; a transposed convolution layer
  *                         (stride 2, output padding, dilation, 2 groups) against
- *                         nn.ConvTranspose2d likewise.
+ *                         nn.ConvTranspose2d likewise; max_pool1d and avg_pool1d.
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -593,9 +593,42 @@ static void check_conv_transpose_torch(int threads) {
     dtr_context_destroy(ctx);
 }
 
+/* PyTorch 1.13 in double: F.max_pool1d(x, 3, 2, 1) and F.avg_pool1d(x, 4, 3, 2) of x (2, 3, 10),
+   x[k] = sin(0.9k) (1 + k / 20); backward of sum(y1 R1) + sum(y2 R2), R1[k] = cos(0.3k),
+   R2[k] = cos(0.5k); y1 (2, 3, 5), y2 (2, 3, 4) */
+static const int k_p1_at1[6] = {0, 4, 9, 13, 21, 29}, k_p1_at2[5] = {0, 5, 11, 17, 23}, k_p1_atx[8] = {0, 1, 9, 17, 26, 37, 45, 59};
+static const double k_p1_max[6] = {0.822493255, 1.40634023, 0.73397006, -1.09614265, 2.65214416, 3.64485989};
+static const double k_p1_avg[5] = {0.205623314, -0.869698084, 0.109996388, 0.951389875, 2.03708879};
+static const double k_p1_gx[8] = {0.25, 1.46939564, 0.380042055, -1.38568444, 0.0709155464, 1.74454005, 0.587942535, 0.12082619};
+
+static void check_pool1d_torch(void) {
+    dtr_context *ctx = test_ctx(2);
+    float xs[60], r1[30], r2[24], y1[30], y2[24], got[8];
+    int64_t shape[3] = {2, 3, 10}, n1 = 30, n2 = 24;
+    dtr_tensor *x, *a, *b;
+    int k;
+    for (k = 0; k < 60; k++) xs[k] = (float)(sin(0.9 * k) * (1 + k / 20.0));
+    fill(r1, 30, 1.0, 0.3, 0.0, 1), fill(r2, 24, 1.0, 0.5, 0.0, 1);
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shape, xs));
+    a = dtr_maxpool1d(ctx, x, 3, 2, 1);
+    b = dtr_avgpool1d(ctx, x, 4, 3, 2);
+    CHECK(a && b && dtr_tensor_ndim(a) == 3 && dtr_tensor_dim(a, 2) == 5 && dtr_tensor_dim(b, 2) == 4);
+    if (!a || !b) { dtr_context_destroy(ctx); return; }
+    dtr_tensor_read(a, DTR_F32, y1, 30), dtr_tensor_read(b, DTR_F32, y2, 24);
+    a = dtr_sum_all(ctx, dtr_mul(ctx, dtr_reshape(ctx, a, 1, &n1), dtr_tensor_from(ctx, DTR_F32, 1, &n1, r1)));
+    b = dtr_sum_all(ctx, dtr_mul(ctx, dtr_reshape(ctx, b, 1, &n2), dtr_tensor_from(ctx, DTR_F32, 1, &n2, r2)));
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_add(ctx, a, b)));
+
+    pick(y1, k_p1_at1, 6, got), check_near("maxpool1d", got, k_p1_max, 6);
+    pick(y2, k_p1_at2, 5, got), check_near("avgpool1d", got, k_p1_avg, 5);
+    pick(dtr_tensor_grad(x), k_p1_atx, 8, got), check_near("pool1d: x's gradient", got, k_p1_gx, 8);
+    dtr_context_destroy(ctx);
+}
+
 static void test_conv_torch(void) {
     int t;
     for (t = 1; t <= 2; t++) check_conv2d_torch(t), check_conv1d_torch(t), check_conv_transpose_torch(t);
+    check_pool1d_torch();
 }
 
 /* each call fails with `code` and gives no tensor */

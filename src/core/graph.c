@@ -165,9 +165,17 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...), a convolution's geometry and a
-   cross-entropy's settings;
-   notes a read of the own tape */
+/* h extended by the parameters that change an op's result without changing its shapes (a layer's
+   geometry may change between launches) */
+static uint64_t dtr__graph_params(const dtr__node *n, uint64_t h) {
+    if (!strcmp(dtr__graph_families[n->op], "unary")) return dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
+    if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) return dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);
+    if (n->op == DTR_OP_MAXPOOL2D || n->op == DTR_OP_AVGPOOL2D) return dtr__fnv(h, &n->p.pool2d, sizeof n->p.pool2d);
+    if (n->op == DTR_OP_CROSS_ENTROPY) return dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
+    return h;
+}
+
+/* the node's op, its tensors' shapes and parameters (dtr__graph_params); notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
     uint64_t h = 14695981039346656037ull;
@@ -179,9 +187,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
         if (!g->checking && n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;   /* the capture's */
     }
     h = dtr__fnv_tensor(h, n->out);
-    if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
-    if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
-    if (n->op == DTR_OP_CROSS_ENTROPY) h = dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
+    h = dtr__graph_params(n, h);
     return dtr__graph_note(g, slot, n->op, h);
 }
 

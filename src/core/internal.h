@@ -202,7 +202,7 @@ typedef struct dtr__conv2d_params {   /* CONV2D, CONV_TRANSPOSE2D: per axis (hei
     int64_t stride[2], padding[2], dilation[2];
     int64_t groups;                   /* C and O divide into groups; w (O, C / groups, KH, KW) */
 } dtr__conv2d_params;
-typedef struct dtr__pool2d_params { int64_t k, stride, padding; } dtr__pool2d_params; /* MAX/AVGPOOL2D */
+typedef struct dtr__pool2d_params { int64_t k[2], stride[2], padding[2]; } dtr__pool2d_params; /* MAX/AVGPOOL2D: (h, w) */
 typedef struct dtr__dropout_params {
     float p;                          /* drop probability, in (0, 1) */
     dtr_rng rng;                      /* the context's stream where this op's draws start: the

@@ -21,15 +21,16 @@ typedef struct dtr__cuda_conv {
     int64_t SH, SW, PH, PW, DH, DW, G;   /* per axis stride, padding, dilation; groups (pooling: square, D 1, G 1) */
 } dtr__cuda_conv;
 
-static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
+static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int pool) {
     const dtr_tensor *x = nd->in[0];
     dtr__cuda_conv g;
     g.N = x->shape[0]; g.C = x->shape[1]; g.H = x->shape[2]; g.W = x->shape[3];
     g.Ho = nd->out->shape[2]; g.Wo = nd->out->shape[3];
     g.DH = g.DW = g.G = 1;
-    if (k_pool) {
-        g.O = g.C; g.KH = g.KW = k_pool;
-        g.SH = g.SW = nd->p.pool2d.stride; g.PH = g.PW = nd->p.pool2d.padding;
+    if (pool) {
+        const dtr__pool2d_params *p = &nd->p.pool2d;
+        g.O = g.C; g.KH = p->k[0]; g.KW = p->k[1];
+        g.SH = p->stride[0]; g.SW = p->stride[1]; g.PH = p->padding[0]; g.PW = p->padding[1];
     } else {   /* a transposed convolution: the image is y, the products x */
         const dtr__conv2d_params *p = &nd->p.conv2d;
         const dtr_tensor *img = nd->op == DTR_OP_CONV2D ? x : nd->out, *prod = nd->op == DTR_OP_CONV2D ? nd->out : x;
@@ -277,16 +278,15 @@ static dtr_result dtr__cuda_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) 
 /* y, arg (N*C, Ho, Wo); max keeps the first largest value, and NaN wins (the CPU's rule); x
    and y f32 or 16-bit (the widened values, y rounded once) */
 __global__ static void dtr__cuda_pool_fwd_k(int maxp, dtr__cuda_mem X, dtr__cuda_mem Y, int32_t *arg, dtr__cuda_conv g) {
-    int64_t k = g.KH;
     DTR__CUDA_FOR(t, g.N * g.C * g.Ho * g.Wo) {
         int64_t c = t / (g.Ho * g.Wo), oi = (t / g.Wo) % g.Ho, oj = t % g.Wo;
         int64_t xc = c * g.H * g.W;
         float best = -INFINITY, s = 0.0f;
         int32_t bi = -1;
-        for (int64_t a = 0; a < k; a++) {
+        for (int64_t a = 0; a < g.KH; a++) {
             int64_t ii = oi * g.SH - g.PH + a;
             if (ii < 0 || ii >= g.H) continue;
-            for (int64_t b = 0; b < k; b++) {
+            for (int64_t b = 0; b < g.KW; b++) {
                 int64_t jj = oj * g.SW - g.PW + b;
                 if (jj < 0 || jj >= g.W) continue;
                 float v = X.ld(xc + ii * g.W + jj);
@@ -295,22 +295,21 @@ __global__ static void dtr__cuda_pool_fwd_k(int maxp, dtr__cuda_mem X, dtr__cuda
             }
         }
         if (maxp) { Y.st(t, best); arg[t] = bi; }
-        else Y.st(t, s / (float)(k * k));
+        else Y.st(t, s / (float)(g.KH * g.KW));
     }
 }
 
 /* gx (N*C, H, W) += the gradients of the windows that took each element, in output order */
 __global__ static void dtr__cuda_pool_bwd_k(int maxp, const float *G, const int32_t *arg, float *gx, dtr__cuda_conv g) {
-    int64_t k = g.KH;
     DTR__CUDA_FOR(t, g.N * g.C * g.H * g.W) {
         int64_t c = t / (g.H * g.W), i = (t / g.W) % g.H, j = t % g.W, oi, oj;
         float acc = gx[t];
-        for (int64_t a = k - 1; a >= 0; a--) {   /* a descending: oi ascending */
+        for (int64_t a = g.KH - 1; a >= 0; a--) {   /* a descending: oi ascending */
             if (!dtr__cuda_window(i, a, g.SH, g.PH, 1, g.Ho, &oi)) continue;
-            for (int64_t b = k - 1; b >= 0; b--) {
+            for (int64_t b = g.KW - 1; b >= 0; b--) {
                 if (!dtr__cuda_window(j, b, g.SW, g.PW, 1, g.Wo, &oj)) continue;
                 int64_t o = (c * g.Ho + oi) * g.Wo + oj;
-                if (!maxp) acc += G[o] / (float)(k * k);
+                if (!maxp) acc += G[o] / (float)(g.KH * g.KW);
                 else if (arg[o] == (int32_t)(i * g.W + j)) acc += G[o];
             }
         }
@@ -319,7 +318,7 @@ __global__ static void dtr__cuda_pool_bwd_k(int maxp, const float *G, const int3
 }
 
 static dtr_result dtr__cuda_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__cuda_conv g = dtr__cuda_conv_of(nd, nd->p.pool2d.k);
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 1);
     int64_t n = dtr_tensor_numel(nd->out);
     int maxp = nd->op == DTR_OP_MAXPOOL2D;
     if (maxp) {   /* argmax of each window, for backward */
@@ -333,7 +332,7 @@ static dtr_result dtr__cuda_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
 }
 
 static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__cuda_conv g = dtr__cuda_conv_of(nd, nd->p.pool2d.k);
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 1);
     int64_t n = dtr_tensor_numel(nd->in[0]);
     float *gx = dtr__gradof(nd->in[0]);
     if (!gx || n == 0) return DTR_OK;

@@ -516,29 +516,41 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- pooling ---- */
 
-static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int k, int stride, int padding) {
+/* x (N, C, H, W) pooled by a kh x kw window (k[0], k[1]) with per-axis stride and padding */
+static dtr_tensor *dtr__pooling(dtr_context *ctx, int op, const char *name, dtr_tensor *x, const int *k, const int *stride,
+                             const int *padding) {
     dtr__node *n;
     int64_t shape[4];
+    char s1[96];
+    int a;
+    for (a = 0; a < 2; a++) {
+        if (k[a] < 1 || stride[a] < 1 || padding[a] < 0 || 2 * padding[a] > k[a])
+            return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: window %d, stride %d, padding %d are invalid", name, k[a], stride[a],
+                              padding[a]);
+        if (x->shape[2 + a] + 2 * padding[a] < k[a])
+            return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: window %d larger than the input %s", name, k[a],
+                              dtr__shape_str(x, s1, sizeof s1));
+    }
+    x = dtr__contig_input(ctx, x);
+    if (!x || !(n = dtr__node_new(ctx, op, 1, &x))) return NULL;
+    shape[0] = x->shape[0]; shape[1] = x->shape[1];
+    for (a = 0; a < 2; a++) {
+        shape[2 + a] = (x->shape[2 + a] + 2 * padding[a] - k[a]) / stride[a] + 1;
+        n->p.pool2d.k[a] = k[a], n->p.pool2d.stride[a] = stride[a], n->p.pool2d.padding[a] = padding[a];
+    }
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int k, int stride, int padding) {
+    int ks[2], ss[2], ps[2];
     char s1[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (x->ndim != 4) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x %s must be (N, C, H, W)", name, dtr__shape_str(x, s1, sizeof s1));
-    if (stride == 0) stride = k;
-    if (k < 1 || stride < 1 || padding < 0 || 2 * padding > k)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: window %d, stride %d, padding %d are invalid", name, k, stride, padding);
-    if (x->shape[2] + 2 * padding < k || x->shape[3] + 2 * padding < k)
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: window %d larger than the input %s", name, k, dtr__shape_str(x, s1, sizeof s1));
-    x = dtr__contig_input(ctx, x);
-    if (!x) return NULL;
-    shape[0] = x->shape[0]; shape[1] = x->shape[1];
-    shape[2] = (x->shape[2] + 2 * padding - k) / stride + 1;
-    shape[3] = (x->shape[3] + 2 * padding - k) / stride + 1;
-    n = dtr__node_new(ctx, op, 1, &x);
-    if (!n) return NULL;
-    n->p.pool2d.k = k; n->p.pool2d.stride = stride; n->p.pool2d.padding = padding;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, name);
+    ks[0] = ks[1] = k, ss[0] = ss[1] = stride ? stride : k, ps[0] = ps[1] = padding;
+    return dtr__pooling(ctx, op, name, x, ks, ss, ps);
 }
 
 dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding) {
@@ -548,16 +560,38 @@ dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, in
     return dtr__pool2d(ctx, DTR_OP_AVGPOOL2D, "dtr_avgpool2d", x, k, stride, padding);
 }
 
+/* 1-D: (N, C, L) pooled as (N, C, 1, L) by a 1 x k window */
+static dtr_tensor *dtr__pool1d(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int k, int stride, int padding) {
+    int ks[2] = {1, k}, ss[2] = {1, stride ? stride : k}, ps[2] = {0, padding};
+    int64_t xs[4], ys[3];
+    dtr_tensor *y;
+    char s1[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (x->ndim != 3) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x %s must be (N, C, L)", name, dtr__shape_str(x, s1, sizeof s1));
+    xs[0] = x->shape[0], xs[1] = x->shape[1], xs[2] = 1, xs[3] = x->shape[2];
+    if (!(x = dtr_reshape(ctx, x, 4, xs)) || !(y = dtr__pooling(ctx, op, name, x, ks, ss, ps))) return NULL;
+    ys[0] = y->shape[0], ys[1] = y->shape[1], ys[2] = y->shape[3];
+    return dtr_reshape(ctx, y, 3, ys);
+}
+
+dtr_tensor *dtr_maxpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding) {
+    return dtr__pool1d(ctx, DTR_OP_MAXPOOL2D, "dtr_maxpool1d", x, k, stride, padding);
+}
+dtr_tensor *dtr_avgpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding) {
+    return dtr__pool1d(ctx, DTR_OP_AVGPOOL2D, "dtr_avgpool1d", x, k, stride, padding);
+}
+
 /* Pooling kernels run over the N*C planes in parallel: a plane's output and its input
  * gradient depend on that plane only, so any split gives the same bits. */
 typedef struct {
     const dtr__node *nd;
-    int64_t H, W, Ho, Wo, k, S, P;
+    int64_t H, W, Ho, Wo, KH, KW, SH, SW, PH, PW;
 } dtr__pool2d_job;
 
 /* Reference loops: any window, stride and padding; max keeps the first largest value. */
 static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
-    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
+    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo;
     int64_t c, oi, oj, a, b;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
@@ -569,11 +603,11 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
             for (oj = 0; oj < Wo; oj++) {
                 float best = -INFINITY, s = 0.0f;
                 int32_t bi = -1;
-                for (a = 0; a < k; a++) {
-                    int64_t ii = oi * S - P + a;
+                for (a = 0; a < j->KH; a++) {
+                    int64_t ii = oi * j->SH - j->PH + a;
                     if (ii < 0 || ii >= H) continue;
-                    for (b = 0; b < k; b++) {
-                        int64_t jj = oj * S - P + b;
+                    for (b = 0; b < j->KW; b++) {
+                        int64_t jj = oj * j->SW - j->PW + b;
                         float v;
                         if (jj < 0 || jj >= W) continue;
                         v = xc[ii * W + jj];
@@ -582,7 +616,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
                     }
                 }
                 if (maxp) { Y[(c * Ho + oi) * Wo + oj] = best; arg[(c * Ho + oi) * Wo + oj] = bi; }
-                else Y[(c * Ho + oi) * Wo + oj] = s / (float)(k * k);
+                else Y[(c * Ho + oi) * Wo + oj] = s / (float)(j->KH * j->KW);
             }
     }
 }
@@ -653,13 +687,14 @@ static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) 
 static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
     (void)worker;
-    if (j->nd->op == DTR_OP_MAXPOOL2D && j->k == 2 && j->S == 2 && j->P == 0) dtr__maxpool2_fwd(j, b, e);
+    if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
+        dtr__maxpool2_fwd(j, b, e);
     else dtr__pool2d_fwd_ref(j, b, e);
 }
 
 static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
-    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
+    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo;
     int64_t c, oi, oj, a, b;
     const float *G = j->nd->out->grad;
     const int32_t *arg_ = (const int32_t *)j->nd->saved;
@@ -675,12 +710,12 @@ static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker)
         }
         for (oi = 0; oi < Ho; oi++)
             for (oj = 0; oj < Wo; oj++) {
-                float g = G[(c * Ho + oi) * Wo + oj] / (float)(k * k);
-                for (a = 0; a < k; a++) {
-                    int64_t ii = oi * S - P + a;
+                float g = G[(c * Ho + oi) * Wo + oj] / (float)(j->KH * j->KW);
+                for (a = 0; a < j->KH; a++) {
+                    int64_t ii = oi * j->SH - j->PH + a;
                     if (ii < 0 || ii >= H) continue;
-                    for (b = 0; b < k; b++) {
-                        int64_t jj = oj * S - P + b;
+                    for (b = 0; b < j->KW; b++) {
+                        int64_t jj = oj * j->SW - j->PW + b;
                         if (jj >= 0 && jj < W) gc[ii * W + jj] += g;
                     }
                 }
@@ -693,7 +728,9 @@ static void dtr__pool2d_job_of(const dtr__node *nd, dtr__pool2d_job *j, int64_t 
     j->nd = nd;
     j->H = x->shape[2]; j->W = x->shape[3];
     j->Ho = nd->out->shape[2]; j->Wo = nd->out->shape[3];
-    j->k = nd->p.pool2d.k; j->S = nd->p.pool2d.stride; j->P = nd->p.pool2d.padding;
+    j->KH = nd->p.pool2d.k[0]; j->KW = nd->p.pool2d.k[1];
+    j->SH = nd->p.pool2d.stride[0]; j->SW = nd->p.pool2d.stride[1];
+    j->PH = nd->p.pool2d.padding[0]; j->PW = nd->p.pool2d.padding[1];
     *planes = x->shape[0] * x->shape[1];
     *grain = 16384 / (j->H * j->W + 1) + 1;   /* about 16k input elements per chunk at least */
 }

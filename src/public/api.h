@@ -663,6 +663,11 @@ DTR_API dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, d
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
+/** 1-D max and average pooling over (N, C, L) with a window of k (PyTorch's max_pool1d and
+ *  avg_pool1d): stride 0 means k, padding up to k / 2, the rules and errors of the 2-D ones.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_maxpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
+DTR_API dtr_tensor *dtr_avgpool1d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
  *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
