@@ -23,6 +23,9 @@
  *                         weight and bias, at 1 and 2 threads; a transposed convolution layer
  *                         (stride 2, output padding, dilation, 2 groups) against
  *                         nn.ConvTranspose2d likewise; max_pool1d and avg_pool1d.
+ *   test_model_lerp       dtr_model_lerp: parameters and buffers become (1 - tau) t + tau s with
+ *                         PyTorch's roundings; tau 0 leaves, tau 1 copies; another layout (naming
+ *                         the parameter), another context, a bad tau: errors.
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -631,6 +634,54 @@ static void test_conv_torch(void) {
     check_pool1d_torch();
 }
 
+/* ---- moving a model toward another ---- */
+
+typedef struct lerp_net { dtr_model *m; dtr_linear_layer l; dtr_batchnorm_layer bn; } lerp_net;
+
+static void lerp_make(dtr_context *ctx, lerp_net *n, uint64_t seed, int out) {
+    CHECK_OK(ctx, dtr_model_create(ctx, seed, &n->m));
+    CHECK_OK(ctx, dtr_linear_layer_init(&n->l, n->m, "l", 5, out, 1, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_batchnorm_layer_init(&n->bn, n->m, "bn", out));
+    CHECK_OK(ctx, dtr_model_build(n->m));
+}
+
+static void test_model_lerp(void) {
+    dtr_context *ctx = test_ctx(1), *other = test_ctx(1);
+    lerp_net t, s, wide, elsewhere;
+    float tv[24], sv[24], got[24], bt[6], bs[6], bv[6];
+    float mean[3] = {1.0f, 2.0f, 3.0f};
+    int k;
+    lerp_make(ctx, &t, 1, 3), lerp_make(ctx, &s, 2, 3), lerp_make(ctx, &wide, 1, 4), lerp_make(other, &elsewhere, 2, 3);
+    CHECK(dtr_model_numel(t.m) == 64 && dtr_model_buffer_numel(t.m) == 32);   /* 16-float slots */
+    dtr_tensor_write(s.bn.running_mean, DTR_F32, mean, 3);
+    dtr_tensor_read(t.l.weight, DTR_F32, tv, 15), dtr_tensor_read(s.l.weight, DTR_F32, sv, 15);
+    dtr_tensor_read(t.bn.running_mean, DTR_F32, bt, 3), dtr_tensor_read(s.bn.running_mean, DTR_F32, bs, 3);
+    CHECK_OK(ctx, dtr_model_lerp(t.m, s.m, 0.25f));
+    dtr_tensor_read(t.l.weight, DTR_F32, got, 15), dtr_tensor_read(t.bn.running_mean, DTR_F32, bv, 3);
+    for (k = 0; k < 15; k++) {   /* PyTorch's mul_(0.75), add_(s, alpha=0.25): two products, one sum */
+        float a = tv[k] * 0.75f, b = sv[k] * 0.25f;
+        CHECK_MSG(got[k] == a + b, "weight %d: %.9g, want %.9g", k, (double)got[k], (double)(a + b));
+    }
+    for (k = 0; k < 3; k++) CHECK(bv[k] == bt[k] * 0.75f + bs[k] * 0.25f);   /* buffers too */
+    CHECK_OK(ctx, dtr_model_lerp(t.m, s.m, 0.0f));   /* nothing moves */
+    dtr_tensor_read(t.l.weight, DTR_F32, tv, 15);
+    CHECK(memcmp(tv, got, 15 * sizeof(float)) == 0);
+    CHECK_OK(ctx, dtr_model_lerp(t.m, s.m, 1.0f));   /* a copy */
+    dtr_tensor_read(t.l.weight, DTR_F32, tv, 15), dtr_tensor_read(t.bn.running_mean, DTR_F32, bv, 3);
+    CHECK(memcmp(tv, sv, 15 * sizeof(float)) == 0 && bv[2] == 3.0f);
+    CHECK(dtr_model_lerp(t.m, s.m, 1.5f) == DTR_INVALID_ARGUMENT);
+    CHECK(dtr_model_lerp(t.m, s.m, NAN) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_model_lerp(t.m, wide.m, 0.5f) == DTR_SHAPE_MISMATCH);
+    CHECK(strstr(dtr_context_last_error(ctx), "'l.weight'") != NULL);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_model_lerp(t.m, elsewhere.m, 0.5f) == DTR_INVALID_ARGUMENT);
+    CHECK(dtr_model_lerp(NULL, s.m, 0.5f) == DTR_NULL_HANDLE);
+    dtr_model_destroy(t.m), dtr_model_destroy(s.m), dtr_model_destroy(wide.m), dtr_model_destroy(elsewhere.m);
+    dtr_context_destroy(ctx);
+    dtr_context_destroy(other);
+}
+
 /* each call fails with `code` and gives no tensor */
 static void expect_fail(dtr_context *ctx, dtr_tensor *y, dtr_result code, const char *what) {
     CHECK_MSG(y == NULL && dtr_context_status(ctx) == code, "%s: got %s", what, dtr_result_string(dtr_context_status(ctx)));
@@ -718,6 +769,7 @@ int main(void) {
     RUN(test_batch_norm_torch);
     RUN(test_buffers);
     RUN(test_conv_torch);
+    RUN(test_model_lerp);
     RUN(test_layer_errors);
     return test_summary();
 }

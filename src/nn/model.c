@@ -518,6 +518,61 @@ dtr_result dtr_model_write_buffers(dtr_model *m, const float *src, int64_t n) {
     return dtr__model_copy(m, 2, (float *)(uintptr_t)src, n, 1, "dtr_model_write_buffers");
 }
 
+/* ---- moving toward another model (target networks, weight averages) ---- */
+
+/* tensor lists a and b (n each) of the same shapes: DTR_OK, or the first that differs */
+static dtr_result dtr__same_shapes(dtr_context *ctx, dtr_tensor *const *a, dtr_tensor *const *b, int n, const char *what) {
+    char s1[96], s2[96];
+    int i;
+    for (i = 0; i < n; i++)
+        if (a[i]->ndim != b[i]->ndim || memcmp(a[i]->shape, b[i]->shape, (size_t)a[i]->ndim * sizeof(int64_t)))
+            return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_lerp: %s %d is '%s' %s in the target, '%s' %s in the source",
+                             what, i, a[i]->name, dtr__shape_str(a[i], s1, sizeof s1), b[i]->name, dtr__shape_str(b[i], s2, sizeof s2));
+    return DTR_OK;
+}
+
+static dtr_result dtr__lerp_check(dtr_model *a, dtr_model *b, float tau) {
+    dtr_result r;
+    if (!(tau >= 0.0f && tau <= 1.0f))
+        return dtr__fail(a->ctx, DTR_INVALID_ARGUMENT, "dtr_model_lerp: tau %g must be in [0, 1]", (double)tau);
+    if (a->ctx != b->ctx) return dtr__fail(a->ctx, DTR_INVALID_ARGUMENT, "dtr_model_lerp: the models belong to two contexts");
+    if ((r = dtr_model_build(a)) != DTR_OK || (r = dtr_model_build(b)) != DTR_OK) return r;
+    if (a->count != b->count || a->nbuf != b->nbuf)   /* (equal shapes then give equal blocks) */
+        return dtr__fail(a->ctx, DTR_SHAPE_MISMATCH, "dtr_model_lerp: the target has %d parameters and %d buffers, the source %d "
+                         "and %d", a->count, a->nbuf, b->count, b->nbuf);
+    if ((r = dtr__same_shapes(a->ctx, a->params, b->params, a->count, "parameter")) != DTR_OK ||
+        (r = dtr__same_shapes(a->ctx, a->bufs, b->bufs, a->nbuf, "buffer")) != DTR_OK)
+        return r;
+    if ((r = dtr__model_present(a, "dtr_model_lerp")) != DTR_OK) return r;
+    return dtr__model_present(b, "dtr_model_lerp");
+}
+
+/* a = (1 - tau) a + tau b over n floats of the backend's memory, through a temporary for tau b */
+static dtr_result dtr__lerp_block(dtr_context *ctx, float *a, const float *b, int64_t n, float tau) {
+    size_t bytes = (size_t)n * sizeof(float);
+    float *t;
+    dtr_result r;
+    if (n == 0 || tau == 0.0f) return DTR_OK;
+    if (tau == 1.0f) return dtr__mem_copy(ctx, a, b, bytes);
+    if (!(t = (float *)ctx->backend->mem_alloc(ctx, bytes)))
+        return dtr__fail(ctx, dtr__host_memory(ctx) ? DTR_OUT_OF_MEMORY : DTR_DEVICE_OUT_OF_MEMORY,
+                         "dtr_model_lerp: no memory for a temporary of %lld floats", (long long)n);
+    r = dtr__mem_copy(ctx, t, b, bytes);
+    if (r == DTR_OK) r = ctx->backend->scale(ctx, t, n, tau);
+    if (r == DTR_OK) r = ctx->backend->scale(ctx, a, n, 1.0f - tau);
+    if (r == DTR_OK) r = ctx->backend->reduce(ctx, a, a, t, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1);
+    ctx->backend->mem_free(ctx, t);
+    return r;
+}
+
+dtr_result dtr_model_lerp(dtr_model *target, dtr_model *src, float tau) {
+    dtr_result r;
+    if (!target || !src) return DTR_NULL_HANDLE;
+    if ((r = dtr__lerp_check(target, src, tau)) != DTR_OK) return r;
+    if ((r = dtr__lerp_block(target->ctx, target->data, src->data, target->total, tau)) != DTR_OK) return r;
+    return dtr__lerp_block(target->ctx, target->buf_data, src->buf_data, target->buf_total, tau);
+}
+
 void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
     m->grad_sharded = on, m->grad_lo = lo, m->grad_hi = hi;
 }

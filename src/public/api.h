@@ -911,6 +911,18 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
+/** Moves `target` toward `src`: every parameter and buffer becomes (1 - tau) target + tau src
+ *  (each product rounded, then the sum: PyTorch's mul_(1 - tau), add_(src, alpha=tau)). A
+ *  reinforcement learner's target network (a soft update, tau 0.005 each step), or an
+ *  exponential moving average of the weights to evaluate and ship (tau = 1 - decay); tau 1
+ *  copies src (a hard update), tau 0 leaves target. The two models need the same layers in
+ *  the same order (parameters and buffers of equal shapes) on one context; both are built if
+ *  they are not. Runs on the context's backend (device memory stays on the device; a
+ *  temporary of the model's size while it runs). @return DTR_OK, DTR_NULL_HANDLE,
+ *  DTR_INVALID_ARGUMENT (tau outside [0, 1] or not finite; models of two contexts),
+ *  DTR_SHAPE_MISMATCH (another layout, naming the first parameter that differs).
+ *  Thread safety: the models' context thread. */
+DTR_API dtr_result dtr_model_lerp(dtr_model *target, dtr_model *src, float tau);
 /** 1 when parameter i is trainable (not frozen), 0 otherwise or out of range.
  *  Thread safety: the model's context thread. */
 DTR_API int dtr_model_param_trainable(const dtr_model *m, int i);

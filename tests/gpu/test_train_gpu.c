@@ -11,7 +11,7 @@
  * does, with each bucket's copy to the host beside the stream; the model's buffers copy to and
  * from the host, FedProx on the device gives the CPU's gradients and a parameter server on the
  * device is refused; the loader's batches reach the device without a host wait and hold what
- * a plain loader hands out; a tiny GPT in bf16 (the fused attention kernels) and a Llama
+ * a plain loader hands out; dtr_model_lerp on the device gives the CPU's bits; a tiny GPT in bf16 (the fused attention kernels) and a Llama
  * block in f32 (grouped-query fused attention, RoPE, RMS norm, SwiGLU) train on the device as
  * on the CPU; a batch-norm layer's steps, running statistics and evaluation match the CPU's;
  * and both generate through a KV cache on the device with the CPU's logits. The
@@ -417,6 +417,29 @@ static void test_batch_norm(void) {
     CHECK(cpu[32] != 0.0f && cpu[48] != 1.0f);   /* the running statistics moved */
 }
 
+/* a model moved 30% toward another of other weights (dtr_model_lerp, a soft target update) */
+static int lerp_run(int gpu, float *out) {
+    dtr_context *ctx = make_ctx(gpu);
+    tnet a, b;
+    int ok;
+    memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+    ok = ctx && net_make(ctx, &a) && dtr_model_create(ctx, 99, &b.m) == DTR_OK &&
+         dtr_linear_layer_init(&b.l1, b.m, "l1", IN, HID, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
+         dtr_linear_layer_init(&b.l2, b.m, "l2", HID, OUT, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK;
+    ok = ok && dtr_model_lerp(a.m, b.m, 0.3f) == DTR_OK && net_read(&a, out);
+    if (!ok && ctx) fprintf(stderr, "  (%s: %s)\n", gpu ? "device" : "cpu", dtr_context_last_error(ctx));
+    dtr_model_destroy(a.m);
+    dtr_model_destroy(b.m);
+    dtr_context_destroy(ctx);
+    return ok;
+}
+
+static void test_model_lerp(void) {
+    float cpu[IN * HID + HID + HID * OUT + OUT], dev[IN * HID + HID + HID * OUT + OUT];
+    CHECK(lerp_run(0, cpu) && lerp_run(1, dev));
+    CHECK(memcmp(cpu, dev, sizeof cpu) == 0);   /* a product and a sum per element: the same bits */
+}
+
 static void test_save_load(void) {
     dtr_context *g = make_ctx(1), *c = make_ctx(0);
     tnet a, b;
@@ -747,6 +770,7 @@ int main(void) {
 #endif
     RUN(test_loss_scaler_overflow);
     RUN(test_batch_norm);
+    RUN(test_model_lerp);
     RUN(test_save_load);
     RUN(test_checkpoint);
     RUN(test_device_engines);
