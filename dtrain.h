@@ -579,6 +579,19 @@ DTR_API dtr_tensor *dtr_huber_loss(dtr_context *ctx, dtr_tensor *pred, dtr_tenso
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 DTR_API dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+/** The largest (smallest) value over `axis` (negative allowed; keepdim keeps it as size 1),
+ *  PyTorch's torch.max(x, dim).values / torch.min: the gradient goes to that element (the
+ *  first of ties); a NaN is the largest and the smallest (it propagates, as PyTorch). Global
+ *  max pooling over time, the best action's value of a Q-network. An axis outside x or of
+ *  size 0: DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_max(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+DTR_API dtr_tensor *dtr_min(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+/** Where the largest (smallest) value over `axis` is: an i32 tensor of dtr_max's shape (the
+ *  first of ties; a NaN's index when there is one), computed where x lives (a GPU's logits
+ *  become predictions without copying them to the host). No gradient flows through it.
+ *  Errors as dtr_max's. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_argmax(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+DTR_API dtr_tensor *dtr_argmin(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 /** Sum / mean of all elements; scalar. The mean of an empty tensor is NaN, as PyTorch's
  *  torch.mean (dtr_mse of empty tensors too); the sum is 0.
  *  Thread safety: the context's thread. */
@@ -4637,7 +4650,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4641 "dtrain.h"
+#line 4654 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4821,14 +4834,15 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
-    X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)
+    X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)     \
+    X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 56
+#define DTR__OP_COUNT_EXPECTED 58
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -4904,7 +4918,7 @@ typedef struct dtr__attention_params {
 typedef union dtr__op_params {
     dtr__unary_params unary;          /* the unary ops' constants */
     float eps;                        /* LAYERNORM, RMSNORM: added to the variance (mean square) */
-    int axis;                         /* SUM, MEAN: the reduced axis */
+    int axis;                         /* SUM, MEAN, MAX, ARGMAX: the reduced axis */
     dtr__attention_params attention;  /* ATTENTION */
     dtr__rope_params rope;            /* ROPE */
     dtr__batchnorm_params batchnorm;  /* BATCHNORM */
@@ -5504,7 +5518,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5508 "dtrain.h"
+#line 5522 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5933,7 +5947,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5937 "dtrain.h"
+#line 5951 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5995,7 +6009,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5999 "dtrain.h"
+#line 6013 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6374,7 +6388,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6378 "dtrain.h"
+#line 6392 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6417,7 +6431,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6421 "dtrain.h"
+#line 6435 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6451,7 +6465,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6455 "dtrain.h"
+#line 6469 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6510,7 +6524,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6514 "dtrain.h"
+#line 6528 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6584,7 +6598,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6588 "dtrain.h"
+#line 6602 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6652,7 +6666,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6656 "dtrain.h"
+#line 6670 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6727,7 +6741,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6731 "dtrain.h"
+#line 6745 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7079,7 +7093,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7083 "dtrain.h"
+#line 7097 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7903,7 +7917,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7907 "dtrain.h"
+#line 7921 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8578,7 +8592,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8582 "dtrain.h"
+#line 8596 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8669,7 +8683,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8673 "dtrain.h"
+#line 8687 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9151,7 +9165,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9155 "dtrain.h"
+#line 9169 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9406,7 +9420,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9410 "dtrain.h"
+#line 9424 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9639,7 +9653,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9643 "dtrain.h"
+#line 9657 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9758,7 +9772,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9762 "dtrain.h"
+#line 9776 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9814,7 +9828,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9818 "dtrain.h"
+#line 9832 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9992,6 +10006,8 @@ static uint64_t dtr__graph_params(const dtr__node *n, uint64_t h) {
     if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) return dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);
     if (n->op == DTR_OP_MAXPOOL2D || n->op == DTR_OP_AVGPOOL2D) return dtr__fnv(h, &n->p.pool2d, sizeof n->p.pool2d);
     if (n->op == DTR_OP_CROSS_ENTROPY) return dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
+    if (n->op == DTR_OP_SUM || n->op == DTR_OP_MEAN || n->op == DTR_OP_MAX || n->op == DTR_OP_ARGMAX)
+        return dtr__fnv(h, &n->p.axis, sizeof n->p.axis);
     return h;
 }
 
@@ -10209,7 +10225,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10213 "dtrain.h"
+#line 10229 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10471,7 +10487,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10475 "dtrain.h"
+#line 10491 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10857,6 +10873,84 @@ dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- the largest value along an axis, and where it is ---- */
+
+/* MAX (values, the float type of the activations) or ARGMAX (i32 indices, never taped) of x over axis */
+static dtr_tensor *dtr__argmax_op(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int axis, int keepdim) {
+    dtr__node *n;
+    int64_t shape[DTR_MAX_DIMS] = {0};
+    int nd = 0, d;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (axis < 0) axis += x->ndim;
+    if (axis < 0 || axis >= x->ndim || x->shape[axis] == 0)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: axis %d of a tensor of %d dims (it must be there and not empty)", name,
+                          axis, x->ndim);
+    for (d = 0; d < x->ndim; d++) {
+        if (d == axis) { if (keepdim) shape[nd++] = 1; }
+        else shape[nd++] = x->shape[d];
+    }
+    x = dtr__contig_input(ctx, x);
+    if (!x || !(n = dtr__node_new(ctx, op, 1, &x))) return NULL;
+    n->p.axis = axis;
+    n->out = dtr__tensor_alloc(ctx, op == DTR_OP_MAX ? dtr__act_dtype(ctx) : DTR_I32, nd, shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_max(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr__argmax_op(ctx, DTR_OP_MAX, "dtr_max", x, axis, keepdim);
+}
+dtr_tensor *dtr_argmax(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr__argmax_op(ctx, DTR_OP_ARGMAX, "dtr_argmax", x, axis, keepdim);
+}
+/* -max(-x): the same index for the smallest (NaN still wins) */
+dtr_tensor *dtr_min(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr_scale(ctx, dtr_max(ctx, dtr_scale(ctx, x, -1.0f), axis, keepdim), -1.0f);
+}
+dtr_tensor *dtr_argmin(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr_argmax(ctx, dtr_scale(ctx, x, -1.0f), axis, keepdim);
+}
+
+/* each (outer, inner) position's index of the largest of its len values: the first of ties, a NaN wins */
+static void dtr__argmax_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__node *nd = (const dtr__node *)arg;
+    const float *x = dtr__f32(nd->in[0]);
+    int32_t *idx = nd->op == DTR_OP_MAX ? (int32_t *)nd->saved : dtr__i32(nd->out);
+    int64_t outer, len, inner, t, k;
+    (void)worker;
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    for (t = b; t < e; t++) {
+        const float *xs = x + (t / inner) * len * inner + t % inner;
+        float best = xs[0];
+        int32_t bi = 0;
+        for (k = 1; k < len && best == best; k++)
+            if (dtr__f_max_takes(xs[k * inner], best)) best = xs[k * inner], bi = (int32_t)k;
+        idx[t] = bi;
+        if (nd->op == DTR_OP_MAX) dtr__f32(nd->out)[t] = best;
+    }
+}
+
+dtr_result dtr__cpu_argmax_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (nd->op == DTR_OP_MAX && !(nd->saved = dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(int32_t))))
+        return ctx->status;
+    dtr__pool_run(ctx->pool, n, 4096, dtr__argmax_range, nd);
+    return DTR_OK;
+}
+
+/* gx[the largest] += g (MAX; ARGMAX has no gradient) */
+dtr_result dtr__cpu_argmax_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    const int32_t *idx = (const int32_t *)nd->saved;
+    int64_t outer, len, inner, t;
+    (void)ctx;
+    if (!gx || nd->op != DTR_OP_MAX) return DTR_OK;
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    for (t = 0; t < outer * inner; t++) gx[((t / inner) * len + idx[t]) * inner + t % inner] += nd->out->grad[t];
+    return DTR_OK;
+}
+
 /* ---- mean squared error ---- */
 
 /* 1 when a loss's two inputs are there and of one shape; else 0, the context's error set */
@@ -10966,7 +11060,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10970 "dtrain.h"
+#line 11064 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11145,7 +11239,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11149 "dtrain.h"
+#line 11243 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12359,7 +12453,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12363 "dtrain.h"
+#line 12457 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13120,7 +13214,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 13124 "dtrain.h"
+#line 13218 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13382,7 +13476,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13386 "dtrain.h"
+#line 13480 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13752,7 +13846,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13756 "dtrain.h"
+#line 13850 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13886,7 +13980,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13890 "dtrain.h"
+#line 13984 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14663,7 +14757,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 14667 "dtrain.h"
+#line 14761 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15055,7 +15149,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15059 "dtrain.h"
+#line 15153 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15331,7 +15425,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15335 "dtrain.h"
+#line 15429 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15504,7 +15598,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 15508 "dtrain.h"
+#line 15602 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15759,7 +15853,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15763 "dtrain.h"
+#line 15857 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16304,7 +16398,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16308 "dtrain.h"
+#line 16402 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16442,7 +16536,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16446 "dtrain.h"
+#line 16540 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16789,7 +16883,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16793 "dtrain.h"
+#line 16887 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16855,7 +16949,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16859 "dtrain.h"
+#line 16953 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17092,7 +17186,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17096 "dtrain.h"
+#line 17190 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17841,7 +17935,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17845 "dtrain.h"
+#line 17939 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18294,7 +18388,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18298 "dtrain.h"
+#line 18392 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18350,7 +18444,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18354 "dtrain.h"
+#line 18448 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19127,7 +19221,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19131 "dtrain.h"
+#line 19225 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19708,7 +19802,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19712 "dtrain.h"
+#line 19806 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20339,7 +20433,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20343 "dtrain.h"
+#line 20437 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21135,7 +21229,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21139 "dtrain.h"
+#line 21233 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21488,7 +21582,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21492 "dtrain.h"
+#line 21586 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21678,7 +21772,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21682 "dtrain.h"
+#line 21776 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21859,7 +21953,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21863 "dtrain.h"
+#line 21957 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22634,7 +22728,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22638 "dtrain.h"
+#line 22732 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23151,7 +23245,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23155 "dtrain.h"
+#line 23249 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23946,7 +24040,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23950 "dtrain.h"
+#line 24044 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25194,7 +25288,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25198 "dtrain.h"
+#line 25292 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25816,7 +25910,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25820 "dtrain.h"
+#line 25914 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26317,7 +26411,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26321 "dtrain.h"
+#line 26415 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27047,7 +27141,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27051 "dtrain.h"
+#line 27145 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27283,7 +27377,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27287 "dtrain.h"
+#line 27381 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27412,7 +27506,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27416 "dtrain.h"
+#line 27510 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27849,7 +27943,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27853 "dtrain.h"
+#line 27947 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28342,7 +28436,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28346 "dtrain.h"
+#line 28440 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28891,7 +28985,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28895 "dtrain.h"
+#line 28989 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -29397,7 +29491,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 29401 "dtrain.h"
+#line 29495 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30946,7 +31040,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30950 "dtrain.h"
+#line 31044 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31000,7 +31094,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31004 "dtrain.h"
+#line 31098 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32178,7 +32272,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32182 "dtrain.h"
+#line 32276 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33081,7 +33175,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33085 "dtrain.h"
+#line 33179 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34559,7 +34653,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34563 "dtrain.h"
+#line 34657 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34948,7 +35042,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34952 "dtrain.h"
+#line 35046 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35097,7 +35191,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35101 "dtrain.h"
+#line 35195 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

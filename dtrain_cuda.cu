@@ -527,6 +527,48 @@ static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- the largest value along an axis (MAX: values, kept indices; ARGMAX: i32 indices) ---- */
+
+/* one thread per (outer, inner) position: the first largest of its len values, a NaN wins (the CPU's scan) */
+__global__ static void dtr__cuda_argmax_k(const float *x, float *y, int32_t *idx, int64_t outer, int64_t len, int64_t inner) {
+    DTR__CUDA_FOR(t, outer * inner) {
+        const float *xs = x + (t / inner) * len * inner + t % inner;
+        float best = xs[0];
+        int32_t bi = 0;
+        for (int64_t k = 1; k < len && best == best; k++)
+            if (dtr__f_max_takes(xs[k * inner], best)) best = xs[k * inner], bi = (int32_t)k;
+        idx[t] = bi;
+        if (y) y[t] = best;
+    }
+}
+
+/* gx[the largest] += g: each position adds into its own column of x (no two threads meet) */
+__global__ static void dtr__cuda_argmax_bwd_k(const float *g, const int32_t *idx, float *gx, int64_t len, int64_t inner, int64_t n) {
+    DTR__CUDA_FOR(t, n) gx[((t / inner) * len + idx[t]) * inner + t % inner] += g[t];
+}
+
+static dtr_result dtr__cuda_argmax_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t outer, len, inner, n = dtr_tensor_numel(nd->out);
+    int max = nd->op == DTR_OP_MAX;
+    if (max && !(nd->saved = dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(int32_t)))) return ctx->status;
+    if (n == 0) return DTR_OK;
+    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    dtr__cuda_argmax_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        (const float *)dtr__data(nd->in[0]), max ? dtr__f32(nd->out) : NULL, max ? (int32_t *)nd->saved : (int32_t *)dtr__data(nd->out),
+        outer, len, inner);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_argmax_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    int64_t outer, len, inner, n = dtr_tensor_numel(nd->out);
+    if (!gx || nd->op != DTR_OP_MAX || n == 0) return DTR_OK;
+    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    dtr__cuda_argmax_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(nd->out->grad, (const int32_t *)nd->saved,
+                                                                                          gx, len, inner, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* gx (outer, len, inner) += g (outer, inner) * sc; an all-reduction's g is one value, divided
  * by the len = n elements for a mean (the CPU's g / n). */
 __global__ static void dtr__cuda_reduce_bwd_k(const float *g, float *gx, int64_t outer, int64_t len, int64_t inner, int all,
@@ -1323,7 +1365,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1327 "dtrain_cuda.cu"
+#line 1369 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1796,7 +1838,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1800 "dtrain_cuda.cu"
+#line 1842 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2251,7 +2293,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2255 "dtrain_cuda.cu"
+#line 2297 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2597,7 +2639,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2601 "dtrain_cuda.cu"
+#line 2643 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3470,7 +3512,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3474 "dtrain_cuda.cu"
+#line 3516 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3868,7 +3910,7 @@ static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dt
                      dtr__cuda_pool2d_narrow = 1, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 1,
                      dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1,
                      dtr__cuda_rope_narrow = 1, dtr__cuda_batchnorm_narrow = 1, dtr__cuda_lstm_narrow = 1,
-                     dtr__cuda_conv_transpose_narrow = 0;
+                     dtr__cuda_conv_transpose_narrow = 0, dtr__cuda_argmax_narrow = 0;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
@@ -3969,5 +4011,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3973 "dtrain_cuda.cu"
+#line 4015 "dtrain_cuda.cu"
 

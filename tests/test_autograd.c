@@ -16,6 +16,9 @@
  *                            ignored row (-100, the default), mean, sum and no reduction, values
  *                            and gradients; every row ignored gives 0 and no gradient; a target
  *                            out of range that is not ignored, bad smoothing or reduction: errors
+ *   test_max_argmax          dtr_max, dtr_min, dtr_argmax, dtr_argmin against PyTorch: ties (the
+ *                            first), NaN (wins), -inf rows, the gradient one-hot at the index,
+ *                            indices i32 and never differentiable; a bad axis
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
@@ -485,6 +488,39 @@ static void test_math_ops(void) {
     dtr_context_destroy(ctx);
 }
 
+/* ---- the largest value along an axis ---- */
+
+/* PyTorch 1.13's torch.max / torch.min / argmax / argmin over dim 1 of
+   {{1, 3, 3, 2}, {nan, 5, 1, 7}, {-inf x 4}, {2, nan, 9, nan}}: the first of ties, a NaN wins
+   (max and min); the gradient of sum(max) is one-hot at those indices */
+static void test_max_argmax(void) {
+    dtr_context *ctx = test_ctx(2);
+    const float inf = INFINITY, nan = NAN;
+    const float xs[16] = {1, 3, 3, 2, nan, 5, 1, 7, -inf, -inf, -inf, -inf, 2, nan, 9, nan};
+    const int32_t want_max[4] = {1, 0, 0, 1}, want_min[4] = {0, 0, 0, 1};
+    int64_t shape[2] = {4, 4};
+    int32_t im[4], in[4];
+    float v[4], vmin[4];
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, shape, xs)), *m, *a, *b;
+    int k;
+    m = dtr_max(ctx, x, 1, 0);
+    a = dtr_argmax(ctx, x, -1, 0), b = dtr_argmin(ctx, x, 1, 1);
+    CHECK(m && a && b && dtr_tensor_dtype(a) == DTR_I32 && dtr_tensor_ndim(b) == 2 && dtr_tensor_dim(b, 1) == 1);
+    if (!m || !a || !b) { dtr_context_destroy(ctx); return; }
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, m)));
+    dtr_tensor_read(m, DTR_F32, v, 4), dtr_tensor_read(dtr_min(ctx, x, 1, 0), DTR_F32, vmin, 4);
+    dtr_tensor_read(a, DTR_I32, im, 4), dtr_tensor_read(b, DTR_I32, in, 4);
+    CHECK(v[0] == 3.0f && v[1] != v[1] && v[2] == -inf && v[3] != v[3]);
+    CHECK(vmin[0] == 1.0f && vmin[1] != vmin[1] && vmin[2] == -inf && vmin[3] != vmin[3]);
+    for (k = 0; k < 4; k++) {
+        CHECK_MSG(im[k] == want_max[k] && in[k] == want_min[k], "row %d: argmax %d argmin %d", k, im[k], in[k]);
+        CHECK(dtr_tensor_grad(x)[4 * k + want_max[k]] == 1.0f);
+    }
+    CHECK(dtr_tensor_grad(x)[2] == 0.0f && dtr_tensor_grad(x)[15] == 0.0f);   /* the second of a tie; a later NaN */
+    CHECK(dtr_max(ctx, x, 2, 0) == NULL && dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
+    dtr_context_destroy(ctx);
+}
+
 /* ---- cross-entropy's settings ---- */
 
 /* PyTorch 1.13 in double: F.cross_entropy(x, t, label_smoothing=0.2, reduction=...) with
@@ -559,7 +595,7 @@ static const char *const k_op_ids[] = {
     "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
     "checkpoint", "attention", "silu", "rmsnorm", "rope",                                     /* 39..43 */
     "exp", "log", "sqrt", "pow", "clamp", "leaky_relu", "softplus", "maximum", "minimum",     /* 44..52 */
-    "batchnorm", "lstm_cell", "conv_transpose2d"                                              /* 53..55 */
+    "batchnorm", "lstm_cell", "conv_transpose2d", "max", "argmax"                             /* 53..57 */
 };
 
 static void test_op_names(void) {
@@ -1174,6 +1210,7 @@ int main(void) {
     RUN(test_abs_gelu_erf);
     RUN(test_math_ops);
     RUN(test_xent_settings);
+    RUN(test_max_argmax);
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);

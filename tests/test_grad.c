@@ -280,6 +280,23 @@ static dtr_tensor *b_xent_ex(dtr_context *c, dtr_tensor **x, void *u) {
                                 &cfg);
 }
 
+/* dtr_max / dtr_min over axis 1 of (3, 5, 4) (arg 0, 1; arg 2: max over the last axis, kept) */
+static dtr_tensor *b_max(dtr_context *c, dtr_tensor **x, void *u) {
+    int a = *(const int *)u;
+    return a == 1 ? dtr_min(c, x[0], 1, 0) : dtr_max(c, x[0], a == 2 ? -1 : 1, a == 2);
+}
+
+/* the rows' cross-entropy against their own argmax (arg 0) or argmin (1) as the target: right
+   indices give lse - max (lse - min); ARGMAX is never on a tape (an i32 output), so its
+   coverage is marked here */
+static dtr_tensor *b_argmax(dtr_context *c, dtr_tensor **x, void *u) {
+    dtr_xent_config cfg = dtr_xent_config_init();
+    dtr_tensor *idx = *(const int *)u ? dtr_argmin(c, x[0], -1, 0) : dtr_argmax(c, x[0], -1, 0);
+    if (idx) g_covered[DTR_OP_ARGMAX] = 1;
+    cfg.reduction = DTR_LOSS_NONE;
+    return dtr_cross_entropy_ex(c, x[0], idx, &cfg);
+}
+
 static dtr_tensor *b_mse(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_mse(c, x[0], x[1]); }
 
 static dtr_tensor *b_reduce(dtr_context *c, dtr_tensor **x, void *u) {
@@ -579,6 +596,11 @@ static const op_case CASES[] = {
     {"log_softmax", 1, {IN3(2, 5, 5)}, b_softmax, KA(1), 0, NULL},
     {"softmax_causal", 1, {IN3(2, 5, 5)}, b_softmax, KA(2), 0, NULL},
     {"cross_entropy", 1, {IN2(6, 5)}, b_xent, K0, 0, NULL},
+    {"max over axis 1", 1, {{3, {3, 5, 4}, 2}}, b_max, KA(0), 0, NULL},
+    {"min over axis 1", 1, {{3, {3, 5, 4}, 2}}, b_max, KA(1), 0, NULL},
+    {"max over the last axis, kept", 1, {{3, {3, 5, 4}, 2}}, b_max, KA(2), 0, NULL},
+    {"cross_entropy against each row's argmax", 1, {{2, {4, 6}, 2}}, b_argmax, KA(0), 0, NULL},
+    {"cross_entropy against each row's argmin", 1, {{2, {4, 6}, 2}}, b_argmax, KA(1), 0, NULL},
     {"cross_entropy ignoring 2 rows, label smoothing 0.1", 1, {IN2(6, 5)}, b_xent_ex, KA(0), 0, NULL},
     {"cross_entropy ignoring 2 rows, sum", 1, {IN2(6, 5)}, b_xent_ex, KA(1), 0, NULL},
     {"cross_entropy ignoring 2 rows, each row's loss", 1, {IN3(2, 3, 5)}, b_xent_ex, KA(2), 0, NULL},

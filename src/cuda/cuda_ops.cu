@@ -288,6 +288,48 @@ static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- the largest value along an axis (MAX: values, kept indices; ARGMAX: i32 indices) ---- */
+
+/* one thread per (outer, inner) position: the first largest of its len values, a NaN wins (the CPU's scan) */
+__global__ static void dtr__cuda_argmax_k(const float *x, float *y, int32_t *idx, int64_t outer, int64_t len, int64_t inner) {
+    DTR__CUDA_FOR(t, outer * inner) {
+        const float *xs = x + (t / inner) * len * inner + t % inner;
+        float best = xs[0];
+        int32_t bi = 0;
+        for (int64_t k = 1; k < len && best == best; k++)
+            if (dtr__f_max_takes(xs[k * inner], best)) best = xs[k * inner], bi = (int32_t)k;
+        idx[t] = bi;
+        if (y) y[t] = best;
+    }
+}
+
+/* gx[the largest] += g: each position adds into its own column of x (no two threads meet) */
+__global__ static void dtr__cuda_argmax_bwd_k(const float *g, const int32_t *idx, float *gx, int64_t len, int64_t inner, int64_t n) {
+    DTR__CUDA_FOR(t, n) gx[((t / inner) * len + idx[t]) * inner + t % inner] += g[t];
+}
+
+static dtr_result dtr__cuda_argmax_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t outer, len, inner, n = dtr_tensor_numel(nd->out);
+    int max = nd->op == DTR_OP_MAX;
+    if (max && !(nd->saved = dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(int32_t)))) return ctx->status;
+    if (n == 0) return DTR_OK;
+    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    dtr__cuda_argmax_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        (const float *)dtr__data(nd->in[0]), max ? dtr__f32(nd->out) : NULL, max ? (int32_t *)nd->saved : (int32_t *)dtr__data(nd->out),
+        outer, len, inner);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_argmax_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    int64_t outer, len, inner, n = dtr_tensor_numel(nd->out);
+    if (!gx || nd->op != DTR_OP_MAX || n == 0) return DTR_OK;
+    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    dtr__cuda_argmax_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(nd->out->grad, (const int32_t *)nd->saved,
+                                                                                          gx, len, inner, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* gx (outer, len, inner) += g (outer, inner) * sc; an all-reduction's g is one value, divided
  * by the len = n elements for a mean (the CPU's g / n). */
 __global__ static void dtr__cuda_reduce_bwd_k(const float *g, float *gx, int64_t outer, int64_t len, int64_t inner, int all,

@@ -380,6 +380,84 @@ dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- the largest value along an axis, and where it is ---- */
+
+/* MAX (values, the float type of the activations) or ARGMAX (i32 indices, never taped) of x over axis */
+static dtr_tensor *dtr__argmax_op(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int axis, int keepdim) {
+    dtr__node *n;
+    int64_t shape[DTR_MAX_DIMS] = {0};
+    int nd = 0, d;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (axis < 0) axis += x->ndim;
+    if (axis < 0 || axis >= x->ndim || x->shape[axis] == 0)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: axis %d of a tensor of %d dims (it must be there and not empty)", name,
+                          axis, x->ndim);
+    for (d = 0; d < x->ndim; d++) {
+        if (d == axis) { if (keepdim) shape[nd++] = 1; }
+        else shape[nd++] = x->shape[d];
+    }
+    x = dtr__contig_input(ctx, x);
+    if (!x || !(n = dtr__node_new(ctx, op, 1, &x))) return NULL;
+    n->p.axis = axis;
+    n->out = dtr__tensor_alloc(ctx, op == DTR_OP_MAX ? dtr__act_dtype(ctx) : DTR_I32, nd, shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_max(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr__argmax_op(ctx, DTR_OP_MAX, "dtr_max", x, axis, keepdim);
+}
+dtr_tensor *dtr_argmax(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr__argmax_op(ctx, DTR_OP_ARGMAX, "dtr_argmax", x, axis, keepdim);
+}
+/* -max(-x): the same index for the smallest (NaN still wins) */
+dtr_tensor *dtr_min(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr_scale(ctx, dtr_max(ctx, dtr_scale(ctx, x, -1.0f), axis, keepdim), -1.0f);
+}
+dtr_tensor *dtr_argmin(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) {
+    return dtr_argmax(ctx, dtr_scale(ctx, x, -1.0f), axis, keepdim);
+}
+
+/* each (outer, inner) position's index of the largest of its len values: the first of ties, a NaN wins */
+static void dtr__argmax_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__node *nd = (const dtr__node *)arg;
+    const float *x = dtr__f32(nd->in[0]);
+    int32_t *idx = nd->op == DTR_OP_MAX ? (int32_t *)nd->saved : dtr__i32(nd->out);
+    int64_t outer, len, inner, t, k;
+    (void)worker;
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    for (t = b; t < e; t++) {
+        const float *xs = x + (t / inner) * len * inner + t % inner;
+        float best = xs[0];
+        int32_t bi = 0;
+        for (k = 1; k < len && best == best; k++)
+            if (dtr__f_max_takes(xs[k * inner], best)) best = xs[k * inner], bi = (int32_t)k;
+        idx[t] = bi;
+        if (nd->op == DTR_OP_MAX) dtr__f32(nd->out)[t] = best;
+    }
+}
+
+dtr_result dtr__cpu_argmax_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (nd->op == DTR_OP_MAX && !(nd->saved = dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(int32_t))))
+        return ctx->status;
+    dtr__pool_run(ctx->pool, n, 4096, dtr__argmax_range, nd);
+    return DTR_OK;
+}
+
+/* gx[the largest] += g (MAX; ARGMAX has no gradient) */
+dtr_result dtr__cpu_argmax_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    const int32_t *idx = (const int32_t *)nd->saved;
+    int64_t outer, len, inner, t;
+    (void)ctx;
+    if (!gx || nd->op != DTR_OP_MAX) return DTR_OK;
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    for (t = 0; t < outer * inner; t++) gx[((t / inner) * len + idx[t]) * inner + t % inner] += nd->out->grad[t];
+    return DTR_OK;
+}
+
 /* ---- mean squared error ---- */
 
 /* 1 when a loss's two inputs are there and of one shape; else 0, the context's error set */

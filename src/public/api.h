@@ -554,6 +554,19 @@ DTR_API dtr_tensor *dtr_huber_loss(dtr_context *ctx, dtr_tensor *pred, dtr_tenso
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 DTR_API dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+/** The largest (smallest) value over `axis` (negative allowed; keepdim keeps it as size 1),
+ *  PyTorch's torch.max(x, dim).values / torch.min: the gradient goes to that element (the
+ *  first of ties); a NaN is the largest and the smallest (it propagates, as PyTorch). Global
+ *  max pooling over time, the best action's value of a Q-network. An axis outside x or of
+ *  size 0: DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_max(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+DTR_API dtr_tensor *dtr_min(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+/** Where the largest (smallest) value over `axis` is: an i32 tensor of dtr_max's shape (the
+ *  first of ties; a NaN's index when there is one), computed where x lives (a GPU's logits
+ *  become predictions without copying them to the host). No gradient flows through it.
+ *  Errors as dtr_max's. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_argmax(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+DTR_API dtr_tensor *dtr_argmin(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 /** Sum / mean of all elements; scalar. The mean of an empty tensor is NaN, as PyTorch's
  *  torch.mean (dtr_mse of empty tensors too); the sum is 0.
  *  Thread safety: the context's thread. */
