@@ -12463,7 +12463,9 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
  * dilation D per axis, G groups; Wo alike). Convolution is im2col + GEMM: the column matrix
  * of sample n is (C*KH*KW, Ho*Wo), group g's rows a block of it (C/G*KH*KW rows), kept for the
  * backward pass when the op is recorded on the tape; otherwise (inference, frozen layers) each
- * worker reuses one. 1-D convolution is the 2-D one over (N, C, 1, L).
+ * worker reuses one. A depthwise convolution (groups = C = O) runs direct loops over each plane
+ * instead (no columns: its products are too thin for GEMMs). 1-D convolution is the 2-D one over
+ * (N, C, 1, L).
  * ==========================================================================*/
 
 
@@ -12827,19 +12829,6 @@ static float *dtr__conv_cols(dtr_context *ctx, dtr__node *nd, const dtr__conv_jo
     return (float *)(nd ? dtr__node_save(ctx, nd, n * sizeof(float)) : dtr__arena_data(ctx, n * sizeof(float), "dtr_conv columns"));
 }
 
-dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__conv_job j;
-    dtr__conv_job_of(ctx, nd, &j);
-    j.img = dtr__f32(nd->in[0]);
-    j.prod = dtr__f32(nd->out);
-    j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
-    j.keep_cols = nd->taped;
-    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
-    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
-    return DTR_OK;
-}
-
 /* Sum of x[0..n) in a fixed order: 8 running sums (element i goes to sum i mod 8, which
  * compilers keep in one SIMD register) added pairwise at the end, then the tail. */
 static float dtr__conv_sum(const float *x, int64_t n) {
@@ -12851,6 +12840,110 @@ static float dtr__conv_sum(const float *x, int64_t n) {
     s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; i < n; i++) s += x[i];
     return s;
+}
+
+/* ---- depthwise (groups = C = O): direct loops over each plane, no columns ---- */
+
+/* the sum of a[i] b[i] over [0, n) in dtr__conv_sum's order (8 running sums: one SIMD register) */
+static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
+    int64_t i;
+    int k;
+    for (i = 0; i + 8 <= n; i += 8)
+        for (k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* the output columns [*j0, *j1) whose input column oj SW - PW + kj DW is inside the row */
+static void dtr__dw_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
+    int64_t lo = g->PW - kj * g->DW, hi = g->W - 1 + g->PW - kj * g->DW;
+    *j0 = lo <= 0 ? 0 : (lo + g->SW - 1) / g->SW;
+    *j1 = hi < 0 ? 0 : hi / g->SW + 1;
+    if (*j1 > g->Wo) *j1 = g->Wo;
+    if (*j1 < *j0) *j1 = *j0;
+}
+
+/* Tap (ki, kj) of one plane: mode 0 y += w x (a = x, b = y), 1 gx += w gy (a = gy, b = gx);
+ * mode 2 returns the sum of gy x over the tap's pairs (a = gy, b = x), each row's in f32 and
+ * the rows' in double. x's rows and columns: ii = oi SH - PH + ki DH, jj = oj SW - PW + kj DW. */
+static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
+    int64_t oi, oj, j0, j1, d = kj * g->DW - g->PW, S = g->SW;
+    double sum = 0.0;
+    dtr__dw_cols(g, kj, &j0, &j1);
+    for (oi = 0; oi < g->Ho && j1 > j0; oi++) {
+        int64_t ii = oi * g->SH - g->PH + ki * g->DH, n = j1 - j0;
+        const float *ra;
+        float *rb, acc = 0.0f;
+        if (ii < 0 || ii >= g->H) continue;
+        ra = a + (mode == 0 ? ii * g->W + j0 * S + d : oi * g->Wo + j0);   /* x (mode 0) or gy at column j0 */
+        rb = b + (mode == 0 ? oi * g->Wo + j0 : ii * g->W + j0 * S + d);
+        if (mode == 0)
+            for (oj = 0; oj < n; oj++) rb[oj] += w * ra[oj * S];
+        else if (mode == 1)
+            for (oj = 0; oj < n; oj++) rb[oj * S] += w * ra[oj];
+        else if (S == 1)
+            acc = dtr__conv_dot(ra, rb, n);
+        else
+            for (oj = 0; oj < n; oj++) acc += ra[oj] * rb[oj * S];
+        sum += acc;
+    }
+    return sum;
+}
+
+/* planes [b, e) of (N, C): y = bias + the taps over x (mode 0), or gx += the taps over gy (1) */
+static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__conv_job *j = (const dtr__conv_job *)arg;
+    const dtr__conv_geom *g = &j->g;
+    int64_t t, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
+    (void)worker;
+    for (t = b; t < e; t++) {
+        const float *w = j->w + (t % g->C) * kk;
+        if (j->prod) dtr__conv_fill(j->prod + t * P, P, j->bias ? j->bias[t % g->C] : 0.0f);
+        for (ki = 0; ki < g->KH; ki++)
+            for (kj = 0; kj < g->KW; kj++) {
+                if (j->prod) dtr__dw_tap(g, ki, kj, 0, w[ki * g->KW + kj], j->img + t * HW, j->prod + t * P);
+                else dtr__dw_tap(g, ki, kj, 1, w[ki * g->KW + kj], j->gprod + t * P, j->gimg + t * HW);
+            }
+    }
+}
+
+/* channels [b, e): dW[c] += the taps' sums of gy x over the samples, db[c] += gy's sum */
+static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__conv_job *j = (const dtr__conv_job *)arg;
+    const dtr__conv_geom *g = &j->g;
+    int64_t c, n, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
+    (void)worker;
+    for (c = b; c < e; c++)
+        for (n = 0; n < g->N; n++) {
+            const float *gy = j->gprod + (n * g->C + c) * P;
+            if (j->gb) j->gb[c] += dtr__conv_sum(gy, P);
+            for (ki = 0; j->gw && ki < g->KH; ki++)
+                for (kj = 0; kj < g->KW; kj++)
+                    j->gw[c * kk + ki * g->KW + kj] +=
+                        (float)dtr__dw_tap(g, ki, kj, 2, 0.0f, gy, (float *)(uintptr_t)(j->img + (n * g->C + c) * HW));
+        }
+}
+
+static int dtr__conv_depthwise(const dtr__conv_geom *g) { return g->G > 1 && g->G == g->C && g->G == g->O; }
+
+dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__conv_job j;
+    dtr__conv_job_of(ctx, nd, &j);
+    if (dtr__conv_depthwise(&j.g)) {
+        j.img = dtr__f32(nd->in[0]), j.prod = dtr__f32(nd->out), j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
+        return DTR_OK;
+    }
+    j.img = dtr__f32(nd->in[0]);
+    j.prod = dtr__f32(nd->out);
+    j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
+    j.keep_cols = nd->taped;
+    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
+    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    return DTR_OK;
 }
 
 /* dW and db. Each worker owns a slab of dW (O, ckk = C/G*KH*KW) and sums over the samples in
@@ -12913,9 +13006,21 @@ static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
     return DTR_OK;
 }
 
+/* depthwise backward: the weights split over channels, the input's gradient over planes */
+static dtr_result dtr__dw_bwd(dtr_context *ctx, dtr__node *nd, dtr__conv_job *j) {
+    j->gprod = nd->out->grad;
+    j->img = dtr__f32(nd->in[0]);
+    j->gw = dtr__gradof(nd->in[1]);
+    j->gb = dtr__gradof(nd->in[2]);
+    if (j->gw || j->gb) dtr__pool_run(ctx->pool, j->g.C, 1, dtr__dw_weights, j);
+    if ((j->gimg = dtr__gradof(nd->in[0]))) dtr__pool_run(ctx->pool, j->g.N * j->g.C, 1, dtr__dw_planes, j);
+    return DTR_OK;
+}
+
 dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
     dtr__conv_job_of(ctx, nd, &j);
+    if (dtr__conv_depthwise(&j.g)) return dtr__dw_bwd(ctx, nd, &j);
     j.gprod = nd->out->grad;
     j.col = (float *)nd->saved;
     j.gw = dtr__gradof(nd->in[1]);
@@ -13214,7 +13319,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 13218 "dtrain.h"
+#line 13323 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13476,7 +13581,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13480 "dtrain.h"
+#line 13585 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13846,7 +13951,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13850 "dtrain.h"
+#line 13955 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13980,7 +14085,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13984 "dtrain.h"
+#line 14089 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14757,7 +14862,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 14761 "dtrain.h"
+#line 14866 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15149,7 +15254,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15153 "dtrain.h"
+#line 15258 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15425,7 +15530,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15429 "dtrain.h"
+#line 15534 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15598,7 +15703,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 15602 "dtrain.h"
+#line 15707 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15853,7 +15958,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15857 "dtrain.h"
+#line 15962 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16398,7 +16503,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16402 "dtrain.h"
+#line 16507 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16536,7 +16641,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16540 "dtrain.h"
+#line 16645 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16883,7 +16988,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16887 "dtrain.h"
+#line 16992 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16949,7 +17054,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16953 "dtrain.h"
+#line 17058 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17186,7 +17291,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17190 "dtrain.h"
+#line 17295 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17935,7 +18040,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17939 "dtrain.h"
+#line 18044 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18388,7 +18493,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18392 "dtrain.h"
+#line 18497 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18444,7 +18549,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18448 "dtrain.h"
+#line 18553 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19221,7 +19326,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19225 "dtrain.h"
+#line 19330 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19802,7 +19907,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19806 "dtrain.h"
+#line 19911 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20433,7 +20538,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20437 "dtrain.h"
+#line 20542 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21229,7 +21334,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21233 "dtrain.h"
+#line 21338 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21582,7 +21687,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21586 "dtrain.h"
+#line 21691 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21772,7 +21877,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21776 "dtrain.h"
+#line 21881 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21953,7 +22058,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21957 "dtrain.h"
+#line 22062 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22728,7 +22833,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22732 "dtrain.h"
+#line 22837 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23245,7 +23350,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23249 "dtrain.h"
+#line 23354 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24040,7 +24145,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24044 "dtrain.h"
+#line 24149 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25288,7 +25393,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25292 "dtrain.h"
+#line 25397 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25910,7 +26015,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25914 "dtrain.h"
+#line 26019 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26411,7 +26516,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26415 "dtrain.h"
+#line 26520 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27141,7 +27246,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27145 "dtrain.h"
+#line 27250 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27377,7 +27482,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27381 "dtrain.h"
+#line 27486 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27506,7 +27611,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27510 "dtrain.h"
+#line 27615 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27943,7 +28048,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27947 "dtrain.h"
+#line 28052 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28436,7 +28541,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28440 "dtrain.h"
+#line 28545 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28985,7 +29090,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28989 "dtrain.h"
+#line 29094 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -29491,7 +29596,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 29495 "dtrain.h"
+#line 29600 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31040,7 +31145,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31044 "dtrain.h"
+#line 31149 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31094,7 +31199,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31098 "dtrain.h"
+#line 31203 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32272,7 +32377,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32276 "dtrain.h"
+#line 32381 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33175,7 +33280,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33179 "dtrain.h"
+#line 33284 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34653,7 +34758,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34657 "dtrain.h"
+#line 34762 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35042,7 +35147,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35046 "dtrain.h"
+#line 35151 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35191,7 +35296,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35195 "dtrain.h"
+#line 35300 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

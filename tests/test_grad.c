@@ -372,7 +372,8 @@ static dtr_tensor *b_conv(dtr_context *c, dtr_tensor **x, void *u) {
 static const int k_conv_geom[][7] = {
     {2, 1, 0, 2, 2, 1, 1},   /* per-axis stride and padding, dilated rows (width stride 1: the fast path) */
     {1, 2, 1, 1, 1, 2, 2},   /* 2 groups, dilated columns, width stride 2 (the reference loops) */
-    {2, 2, 1, 1, 1, 1, 3},   /* depthwise */
+    {2, 2, 1, 1, 1, 1, 3},   /* depthwise (direct loops) */
+    {1, 1, 1, 2, 1, 2, 4},   /* depthwise, width dilation 2, padding (1, 2) */
     {1, 1, 0, 1, 1, 1, 2},   /* 2 groups, more outputs than a group's columns: dW split by rows */
     {1, 1, 0, 2, 1, 2, 2},   /* 1-D: dilation 2, 2 groups */
     {1, 2, 0, 1, 1, 1, 1},   /* 1-D: stride 2 */
@@ -633,9 +634,11 @@ static const op_case CASES[] = {
      NULL},
     {"conv2d 2 groups, stride (1, 2), dilation (1, 2)", 2, {IN4(2, 4, 5, 7), IN4(6, 2, 3, 2)}, b_conv_ex, {1, 0, 0}, 0, NULL},
     {"conv2d depthwise stride 2 pad 1 bias", 3, {IN4(2, 3, 6, 5), IN4(3, 1, 3, 3), IN1(3)}, b_conv_ex, {2, 1, 0}, 0, NULL},
-    {"conv2d 2 groups, 12 outputs of 4 columns, bias", 3, {IN4(2, 4, 3, 4), IN4(12, 2, 1, 2), IN1(12)}, b_conv_ex, {3, 1, 0}, 0, NULL},
-    {"conv1d dilation 2, 2 groups, pad 2, bias", 3, {IN3(2, 4, 9), IN3(6, 2, 3), IN1(6)}, b_conv_ex, {4, 1, 0}, 0, NULL},
-    {"conv1d stride 2", 2, {IN3(2, 3, 8), IN3(4, 3, 3)}, b_conv_ex, {5, 0, 0}, 0, NULL},
+    {"conv2d depthwise, dilation (1, 2), pad (1, 2), bias", 3, {IN4(2, 4, 5, 6), IN4(4, 1, 3, 3), IN1(4)}, b_conv_ex, {3, 1, 0}, 0,
+     NULL},
+    {"conv2d 2 groups, 12 outputs of 4 columns, bias", 3, {IN4(2, 4, 3, 4), IN4(12, 2, 1, 2), IN1(12)}, b_conv_ex, {4, 1, 0}, 0, NULL},
+    {"conv1d dilation 2, 2 groups, pad 2, bias", 3, {IN3(2, 4, 9), IN3(6, 2, 3), IN1(6)}, b_conv_ex, {5, 1, 0}, 0, NULL},
+    {"conv1d stride 2", 2, {IN3(2, 3, 8), IN3(4, 3, 3)}, b_conv_ex, {6, 0, 0}, 0, NULL},
     {"conv_transpose2d stride 2 pad 1 output padding 1 bias", 3, {IN4(2, 3, 4, 3), IN4(3, 4, 3, 3), IN1(4)}, b_convt, {0, 1, 0}, 0,
      NULL},
     {"conv_transpose2d 2 groups, stride (1, 2), dilation (2, 1)", 2, {IN4(2, 4, 3, 4), IN4(4, 3, 2, 3)}, b_convt, {1, 0, 0}, 0, NULL},

@@ -4,7 +4,9 @@
  * dilation D per axis, G groups; Wo alike). Convolution is im2col + GEMM: the column matrix
  * of sample n is (C*KH*KW, Ho*Wo), group g's rows a block of it (C/G*KH*KW rows), kept for the
  * backward pass when the op is recorded on the tape; otherwise (inference, frozen layers) each
- * worker reuses one. 1-D convolution is the 2-D one over (N, C, 1, L).
+ * worker reuses one. A depthwise convolution (groups = C = O) runs direct loops over each plane
+ * instead (no columns: its products are too thin for GEMMs). 1-D convolution is the 2-D one over
+ * (N, C, 1, L).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
@@ -368,19 +370,6 @@ static float *dtr__conv_cols(dtr_context *ctx, dtr__node *nd, const dtr__conv_jo
     return (float *)(nd ? dtr__node_save(ctx, nd, n * sizeof(float)) : dtr__arena_data(ctx, n * sizeof(float), "dtr_conv columns"));
 }
 
-dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__conv_job j;
-    dtr__conv_job_of(ctx, nd, &j);
-    j.img = dtr__f32(nd->in[0]);
-    j.prod = dtr__f32(nd->out);
-    j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
-    j.keep_cols = nd->taped;
-    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
-    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
-    return DTR_OK;
-}
-
 /* Sum of x[0..n) in a fixed order: 8 running sums (element i goes to sum i mod 8, which
  * compilers keep in one SIMD register) added pairwise at the end, then the tail. */
 static float dtr__conv_sum(const float *x, int64_t n) {
@@ -392,6 +381,110 @@ static float dtr__conv_sum(const float *x, int64_t n) {
     s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; i < n; i++) s += x[i];
     return s;
+}
+
+/* ---- depthwise (groups = C = O): direct loops over each plane, no columns ---- */
+
+/* the sum of a[i] b[i] over [0, n) in dtr__conv_sum's order (8 running sums: one SIMD register) */
+static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
+    int64_t i;
+    int k;
+    for (i = 0; i + 8 <= n; i += 8)
+        for (k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* the output columns [*j0, *j1) whose input column oj SW - PW + kj DW is inside the row */
+static void dtr__dw_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
+    int64_t lo = g->PW - kj * g->DW, hi = g->W - 1 + g->PW - kj * g->DW;
+    *j0 = lo <= 0 ? 0 : (lo + g->SW - 1) / g->SW;
+    *j1 = hi < 0 ? 0 : hi / g->SW + 1;
+    if (*j1 > g->Wo) *j1 = g->Wo;
+    if (*j1 < *j0) *j1 = *j0;
+}
+
+/* Tap (ki, kj) of one plane: mode 0 y += w x (a = x, b = y), 1 gx += w gy (a = gy, b = gx);
+ * mode 2 returns the sum of gy x over the tap's pairs (a = gy, b = x), each row's in f32 and
+ * the rows' in double. x's rows and columns: ii = oi SH - PH + ki DH, jj = oj SW - PW + kj DW. */
+static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
+    int64_t oi, oj, j0, j1, d = kj * g->DW - g->PW, S = g->SW;
+    double sum = 0.0;
+    dtr__dw_cols(g, kj, &j0, &j1);
+    for (oi = 0; oi < g->Ho && j1 > j0; oi++) {
+        int64_t ii = oi * g->SH - g->PH + ki * g->DH, n = j1 - j0;
+        const float *ra;
+        float *rb, acc = 0.0f;
+        if (ii < 0 || ii >= g->H) continue;
+        ra = a + (mode == 0 ? ii * g->W + j0 * S + d : oi * g->Wo + j0);   /* x (mode 0) or gy at column j0 */
+        rb = b + (mode == 0 ? oi * g->Wo + j0 : ii * g->W + j0 * S + d);
+        if (mode == 0)
+            for (oj = 0; oj < n; oj++) rb[oj] += w * ra[oj * S];
+        else if (mode == 1)
+            for (oj = 0; oj < n; oj++) rb[oj * S] += w * ra[oj];
+        else if (S == 1)
+            acc = dtr__conv_dot(ra, rb, n);
+        else
+            for (oj = 0; oj < n; oj++) acc += ra[oj] * rb[oj * S];
+        sum += acc;
+    }
+    return sum;
+}
+
+/* planes [b, e) of (N, C): y = bias + the taps over x (mode 0), or gx += the taps over gy (1) */
+static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__conv_job *j = (const dtr__conv_job *)arg;
+    const dtr__conv_geom *g = &j->g;
+    int64_t t, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
+    (void)worker;
+    for (t = b; t < e; t++) {
+        const float *w = j->w + (t % g->C) * kk;
+        if (j->prod) dtr__conv_fill(j->prod + t * P, P, j->bias ? j->bias[t % g->C] : 0.0f);
+        for (ki = 0; ki < g->KH; ki++)
+            for (kj = 0; kj < g->KW; kj++) {
+                if (j->prod) dtr__dw_tap(g, ki, kj, 0, w[ki * g->KW + kj], j->img + t * HW, j->prod + t * P);
+                else dtr__dw_tap(g, ki, kj, 1, w[ki * g->KW + kj], j->gprod + t * P, j->gimg + t * HW);
+            }
+    }
+}
+
+/* channels [b, e): dW[c] += the taps' sums of gy x over the samples, db[c] += gy's sum */
+static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__conv_job *j = (const dtr__conv_job *)arg;
+    const dtr__conv_geom *g = &j->g;
+    int64_t c, n, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
+    (void)worker;
+    for (c = b; c < e; c++)
+        for (n = 0; n < g->N; n++) {
+            const float *gy = j->gprod + (n * g->C + c) * P;
+            if (j->gb) j->gb[c] += dtr__conv_sum(gy, P);
+            for (ki = 0; j->gw && ki < g->KH; ki++)
+                for (kj = 0; kj < g->KW; kj++)
+                    j->gw[c * kk + ki * g->KW + kj] +=
+                        (float)dtr__dw_tap(g, ki, kj, 2, 0.0f, gy, (float *)(uintptr_t)(j->img + (n * g->C + c) * HW));
+        }
+}
+
+static int dtr__conv_depthwise(const dtr__conv_geom *g) { return g->G > 1 && g->G == g->C && g->G == g->O; }
+
+dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__conv_job j;
+    dtr__conv_job_of(ctx, nd, &j);
+    if (dtr__conv_depthwise(&j.g)) {
+        j.img = dtr__f32(nd->in[0]), j.prod = dtr__f32(nd->out), j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
+        return DTR_OK;
+    }
+    j.img = dtr__f32(nd->in[0]);
+    j.prod = dtr__f32(nd->out);
+    j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
+    j.keep_cols = nd->taped;
+    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
+    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    return DTR_OK;
 }
 
 /* dW and db. Each worker owns a slab of dW (O, ckk = C/G*KH*KW) and sums over the samples in
@@ -454,9 +547,21 @@ static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
     return DTR_OK;
 }
 
+/* depthwise backward: the weights split over channels, the input's gradient over planes */
+static dtr_result dtr__dw_bwd(dtr_context *ctx, dtr__node *nd, dtr__conv_job *j) {
+    j->gprod = nd->out->grad;
+    j->img = dtr__f32(nd->in[0]);
+    j->gw = dtr__gradof(nd->in[1]);
+    j->gb = dtr__gradof(nd->in[2]);
+    if (j->gw || j->gb) dtr__pool_run(ctx->pool, j->g.C, 1, dtr__dw_weights, j);
+    if ((j->gimg = dtr__gradof(nd->in[0]))) dtr__pool_run(ctx->pool, j->g.N * j->g.C, 1, dtr__dw_planes, j);
+    return DTR_OK;
+}
+
 dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
     dtr__conv_job_of(ctx, nd, &j);
+    if (dtr__conv_depthwise(&j.g)) return dtr__dw_bwd(ctx, nd, &j);
     j.gprod = nd->out->grad;
     j.col = (float *)nd->saved;
     j.gw = dtr__gradof(nd->in[1]);
