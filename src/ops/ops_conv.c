@@ -385,6 +385,19 @@ static float dtr__conv_sum(const float *x, int64_t n) {
 
 /* ---- depthwise (groups = C = O): direct loops over each plane, no columns ---- */
 
+/* d[0..n) += w s[0..n), 8 at a time through local arrays (vector code at -O2, as dtr__conv_add) */
+static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
+    int64_t i;
+    int k;
+    for (i = 0; i + 8 <= n; i += 8) {
+        float t[8], u[8];
+        for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
+        for (k = 0; k < 8; k++) t[k] += w * u[k];
+        for (k = 0; k < 8; k++) d[i + k] = t[k];
+    }
+    for (; i < n; i++) d[i] += w * s[i];
+}
+
 /* the sum of a[i] b[i] over [0, n) in dtr__conv_sum's order (8 running sums: one SIMD register) */
 static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
@@ -420,7 +433,9 @@ static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int m
         if (ii < 0 || ii >= g->H) continue;
         ra = a + (mode == 0 ? ii * g->W + j0 * S + d : oi * g->Wo + j0);   /* x (mode 0) or gy at column j0 */
         rb = b + (mode == 0 ? oi * g->Wo + j0 : ii * g->W + j0 * S + d);
-        if (mode == 0)
+        if (mode < 2 && S == 1)
+            dtr__conv_axpy(rb, ra, w, n);
+        else if (mode == 0)
             for (oj = 0; oj < n; oj++) rb[oj] += w * ra[oj * S];
         else if (mode == 1)
             for (oj = 0; oj < n; oj++) rb[oj * S] += w * ra[oj];
