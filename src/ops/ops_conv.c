@@ -252,6 +252,7 @@ dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv1d: x %s and w %s must be (N, C, L) and (O, C / groups, K)",
                           dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2));
     c.stride[1] = stride; c.padding[1] = padding; c.dilation[1] = dilation; c.groups = groups;
+    if (dtr__conv_check_config(ctx, "dtr_conv1d", &c, 0) != DTR_OK) return NULL;   /* (errors that name this function) */
     xs[0] = x->shape[0]; xs[1] = x->shape[1]; xs[2] = 1; xs[3] = x->shape[2];
     ws[0] = w->shape[0]; ws[1] = w->shape[1]; ws[2] = 1; ws[3] = w->shape[2];
     x = dtr_reshape(ctx, x, 4, xs);
@@ -261,9 +262,6 @@ dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     return dtr_reshape(ctx, y, 3, ys);
 }
 
-/* The kernels' view of a convolution: the image side (N, C, H, W) and the product side
- * (N, O, Ho*Wo) of w (O, C/G, KH, KW). conv2d reads the image and writes the products in
- * forward; a transposed convolution runs the same pieces the other way round. */
 /* ---- conv_transpose2d ---- */
 
 /* x (N, Cin, H, W), w (Cin, Cout / G, KH, KW), bias (Cout): *shape the output's, or an error */
@@ -313,6 +311,9 @@ dtr_tensor *dtr_conv_transpose2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w,
     return dtr__record(ctx, n, "dtr_conv_transpose2d");
 }
 
+/* The kernels' view of a convolution: the image side (N, C, H, W) and the product side
+ * (N, O, Ho*Wo) of w (O, C/G, KH, KW). conv2d reads the image and writes the products in
+ * forward; a transposed convolution runs the same pieces the other way round. */
 typedef struct {
     dtr__conv_geom g;
     dtr__pool *pool;
