@@ -908,6 +908,64 @@ static dtr_result dtr__cuda_vocab_xent(dtr_context *ctx, const dtr__vxent_args *
     return dtr__cuda_check(ctx, cudaGetLastError(), "dtr_vocab_parallel_cross_entropy");
 }
 
+/* ---- gather: x (outer, L, inner), index (outer, M, inner) -> y (outer, M, inner) ---- */
+
+__global__ static void dtr__cuda_gather_fwd_k(const float *x, const int32_t *id, float *y, int64_t L, int64_t M, int64_t inner,
+                                              int64_t n, int *err) {
+    DTR__CUDA_FOR(t, n) {
+        int32_t v = id[t];
+        if (v < 0 || v >= L) {
+            dtr__cuda_flag(err, DTR_OP_GATHER, t);
+            y[t] = 0.0f;
+        } else {
+            y[t] = x[((t / inner / M) * L + v) * inner + t % inner];
+        }
+    }
+}
+
+/* one thread per (outer, inner) column: its M picks added into x's column in the index's order
+   (the CPU's; repeats add up, no two threads share a column) */
+__global__ static void dtr__cuda_gather_bwd_k(const float *g, const int32_t *id, float *gx, int64_t L, int64_t M, int64_t inner,
+                                              int64_t cols) {
+    DTR__CUDA_FOR(c, cols) {
+        int64_t o = c / inner, i = c % inner;
+        for (int64_t m = 0; m < M; m++) {
+            int64_t t = (o * M + m) * inner + i;
+            int32_t v = id[t];
+            if (v >= 0 && v < L) gx[(o * L + v) * inner + i] += g[t];
+        }
+    }
+}
+
+static void dtr__cuda_gather_dims(const dtr__node *nd, int64_t *outer, int64_t *L, int64_t *M, int64_t *inner) {
+    const dtr_tensor *x = nd->in[0];
+    *outer = *inner = 1;
+    for (int d = 0; d < nd->p.axis; d++) *outer *= x->shape[d];
+    for (int d = nd->p.axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *L = x->shape[nd->p.axis];
+    *M = nd->in[1]->shape[nd->p.axis];
+}
+
+static dtr_result dtr__cuda_gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t outer, L, M, inner, n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__cuda_gather_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        (const float *)dtr__data(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__f32(nd->out), L, M, inner, n,
+        dtr__cuda(ctx)->err_dev);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_gather_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t outer, L, M, inner;
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || dtr_tensor_numel(nd->out) == 0) return DTR_OK;
+    dtr__cuda_gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__cuda_gather_bwd_k<<<dtr__cuda_grid(outer * inner), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, (const int32_t *)dtr__data(nd->in[1]), gx, L, M, inner, outer * inner);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
 
 __global__ static void dtr__cuda_embedding_fwd_k(dtr__cuda_mem W, const int32_t *id, dtr__cuda_mem Y, int64_t N, int64_t C,
@@ -1365,7 +1423,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1369 "dtrain_cuda.cu"
+#line 1427 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1838,7 +1896,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1842 "dtrain_cuda.cu"
+#line 1900 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2293,7 +2351,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2297 "dtrain_cuda.cu"
+#line 2355 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2639,7 +2697,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2643 "dtrain_cuda.cu"
+#line 2701 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3512,7 +3570,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3516 "dtrain_cuda.cu"
+#line 3574 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3544,7 +3602,8 @@ static dtr_result dtr__cuda_take_error(dtr_context *ctx) {
     s->err_host[0] = s->err_host[1] = 0;
     s->err_found = 1;
     return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: %s: %s of row %d is outside the valid range (found on the device)",
-                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : op == DTR_OP_ATTENTION ? "the key length" : "the target", at);
+                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : op == DTR_OP_GATHER ? "the index"
+                                       : op == DTR_OP_ATTENTION ? "the key length" : "the target", at);
 }
 
 static dtr_result dtr__cuda_sync(dtr_context *ctx) {
@@ -3910,7 +3969,8 @@ static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dt
                      dtr__cuda_pool2d_narrow = 1, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 1,
                      dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1,
                      dtr__cuda_rope_narrow = 1, dtr__cuda_batchnorm_narrow = 1, dtr__cuda_lstm_narrow = 1,
-                     dtr__cuda_conv_transpose_narrow = 0, dtr__cuda_argmax_narrow = 0;
+                     dtr__cuda_conv_transpose_narrow = 0, dtr__cuda_argmax_narrow = 0,
+                     dtr__cuda_gather_narrow = 0;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
@@ -4011,5 +4071,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4015 "dtrain_cuda.cu"
+#line 4075 "dtrain_cuda.cu"
 

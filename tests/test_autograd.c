@@ -19,6 +19,8 @@
  *   test_max_argmax          dtr_max, dtr_min, dtr_argmax, dtr_argmin against PyTorch: ties (the
  *                            first), NaN (wins), -inf rows, the gradient one-hot at the index,
  *                            indices i32 and never differentiable; a bad axis
+ *   test_gather              dtr_gather's values and gradient (a repeated index adds up) as
+ *                            torch.gather's; an index out of range, another shape, f32 indices
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
@@ -521,6 +523,32 @@ static void test_max_argmax(void) {
     dtr_context_destroy(ctx);
 }
 
+/* torch.gather(x, 1, [[2, 2], [0, 1]]) of x = [[1, 2, 3], [4, 5, 6]] is [[3, 3], [4, 5]]; the
+   gradient of its sum adds the repeat: [[0, 0, 2], [1, 1, 0]]; bad indices and shapes */
+static void test_gather(void) {
+    dtr_context *ctx = test_ctx(1);
+    const float xs[6] = {1, 2, 3, 4, 5, 6}, want_g[6] = {0, 0, 2, 1, 1, 0};
+    int32_t idx[6] = {2, 2, 0, 1, 0, 0};
+    int64_t s[2] = {2, 3}, si[2] = {2, 2}, s3[2] = {3, 2};
+    float y[4];
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, s, xs));
+    dtr_tensor *g = dtr_gather(ctx, x, 1, dtr_tensor_from(ctx, DTR_I32, 2, si, idx));
+    CHECK(g && dtr_tensor_dim(g, 0) == 2 && dtr_tensor_dim(g, 1) == 2);
+    if (!g) { dtr_context_destroy(ctx); return; }
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, g)));
+    dtr_tensor_read(g, DTR_F32, y, 4);
+    CHECK(y[0] == 3.0f && y[1] == 3.0f && y[2] == 4.0f && y[3] == 5.0f);
+    CHECK(memcmp(dtr_tensor_grad(x), want_g, sizeof want_g) == 0);
+    idx[1] = 3;
+    CHECK(dtr_gather(ctx, x, 1, dtr_tensor_from(ctx, DTR_I32, 2, si, idx)) == NULL && dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(ctx), "outside [0, 3)") != NULL);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_gather(ctx, x, 1, dtr_tensor_from(ctx, DTR_I32, 2, s3, idx)) == NULL && dtr_context_status(ctx) == DTR_SHAPE_MISMATCH);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_gather(ctx, x, 1, x) == NULL && dtr_context_status(ctx) == DTR_DTYPE_MISMATCH);
+    dtr_context_destroy(ctx);
+}
+
 /* ---- cross-entropy's settings ---- */
 
 /* PyTorch 1.13 in double: F.cross_entropy(x, t, label_smoothing=0.2, reduction=...) with
@@ -595,7 +623,7 @@ static const char *const k_op_ids[] = {
     "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
     "checkpoint", "attention", "silu", "rmsnorm", "rope",                                     /* 39..43 */
     "exp", "log", "sqrt", "pow", "clamp", "leaky_relu", "softplus", "maximum", "minimum",     /* 44..52 */
-    "batchnorm", "lstm_cell", "conv_transpose2d", "max", "argmax"                             /* 53..57 */
+    "batchnorm", "lstm_cell", "conv_transpose2d", "max", "argmax", "gather"                   /* 53..58 */
 };
 
 static void test_op_names(void) {
@@ -1211,6 +1239,7 @@ int main(void) {
     RUN(test_math_ops);
     RUN(test_xent_settings);
     RUN(test_max_argmax);
+    RUN(test_gather);
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);

@@ -297,6 +297,18 @@ static dtr_tensor *b_argmax(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_cross_entropy_ex(c, x[0], idx, &cfg);
 }
 
+/* dtr_gather: arg 0 axis 1 of (2, 5, 3) by (2, 4, 3) with repeats; 1 the last axis of (4, 6) by
+   (4, 1) (a Q-network's taken actions); 2 axis 0 of (3, 4) by (2, 4) */
+static dtr_tensor *b_gather(dtr_context *c, dtr_tensor **x, void *u) {
+    static const int32_t i0[24] = {0, 4, 2, 4, 4, 1, 3, 0, 2, 1, 1, 0, 2, 3, 4, 0, 0, 0, 4, 2, 1, 3, 4, 4};
+    static const int32_t i1[4] = {5, 0, 3, 3}, i2[8] = {2, 0, 1, 1, 0, 2, 2, 0};
+    static const int64_t s0[3] = {2, 4, 3}, s1[2] = {4, 1}, s2[2] = {2, 4};
+    int a = *(const int *)u;
+    if (a == 0) return dtr_gather(c, x[0], 1, dtr_tensor_from(c, DTR_I32, 3, s0, i0));
+    if (a == 1) return dtr_gather(c, x[0], -1, dtr_tensor_from(c, DTR_I32, 2, s1, i1));
+    return dtr_gather(c, x[0], 0, dtr_tensor_from(c, DTR_I32, 2, s2, i2));
+}
+
 static dtr_tensor *b_mse(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_mse(c, x[0], x[1]); }
 
 static dtr_tensor *b_reduce(dtr_context *c, dtr_tensor **x, void *u) {
@@ -597,6 +609,9 @@ static const op_case CASES[] = {
     {"log_softmax", 1, {IN3(2, 5, 5)}, b_softmax, KA(1), 0, NULL},
     {"softmax_causal", 1, {IN3(2, 5, 5)}, b_softmax, KA(2), 0, NULL},
     {"cross_entropy", 1, {IN2(6, 5)}, b_xent, K0, 0, NULL},
+    {"gather along axis 1 with repeats", 1, {IN3(2, 5, 3)}, b_gather, KA(0), 0, NULL},
+    {"gather the taken actions (last axis)", 1, {IN2(4, 6)}, b_gather, KA(1), 0, NULL},
+    {"gather along axis 0", 1, {IN2(3, 4)}, b_gather, KA(2), 0, NULL},
     {"max over axis 1", 1, {{3, {3, 5, 4}, 2}}, b_max, KA(0), 0, NULL},
     {"min over axis 1", 1, {{3, {3, 5, 4}, 2}}, b_max, KA(1), 0, NULL},
     {"max over the last axis, kept", 1, {{3, {3, 5, 4}, 2}}, b_max, KA(2), 0, NULL},

@@ -179,14 +179,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
     X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)     \
-    X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax)
+    X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax) X(GATHER, "gather", gather)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 58
+#define DTR__OP_COUNT_EXPECTED 59
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -262,7 +262,7 @@ typedef struct dtr__attention_params {
 typedef union dtr__op_params {
     dtr__unary_params unary;          /* the unary ops' constants */
     float eps;                        /* LAYERNORM, RMSNORM: added to the variance (mean square) */
-    int axis;                         /* SUM, MEAN, MAX, ARGMAX: the reduced axis */
+    int axis;                         /* SUM, MEAN, MAX, ARGMAX: the reduced axis; GATHER: the indexed one */
     dtr__attention_params attention;  /* ATTENTION */
     dtr__rope_params rope;            /* ROPE */
     dtr__batchnorm_params batchnorm;  /* BATCHNORM */

@@ -26,7 +26,8 @@ static dtr_result dtr__cuda_take_error(dtr_context *ctx) {
     s->err_host[0] = s->err_host[1] = 0;
     s->err_found = 1;
     return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: %s: %s of row %d is outside the valid range (found on the device)",
-                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : op == DTR_OP_ATTENTION ? "the key length" : "the target", at);
+                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : op == DTR_OP_GATHER ? "the index"
+                                       : op == DTR_OP_ATTENTION ? "the key length" : "the target", at);
 }
 
 static dtr_result dtr__cuda_sync(dtr_context *ctx) {
@@ -392,7 +393,8 @@ static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dt
                      dtr__cuda_pool2d_narrow = 1, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 1,
                      dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1,
                      dtr__cuda_rope_narrow = 1, dtr__cuda_batchnorm_narrow = 1, dtr__cuda_lstm_narrow = 1,
-                     dtr__cuda_conv_transpose_narrow = 0, dtr__cuda_argmax_narrow = 0;
+                     dtr__cuda_conv_transpose_narrow = 0, dtr__cuda_argmax_narrow = 0,
+                     dtr__cuda_gather_narrow = 0;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {

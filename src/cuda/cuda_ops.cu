@@ -669,6 +669,64 @@ static dtr_result dtr__cuda_vocab_xent(dtr_context *ctx, const dtr__vxent_args *
     return dtr__cuda_check(ctx, cudaGetLastError(), "dtr_vocab_parallel_cross_entropy");
 }
 
+/* ---- gather: x (outer, L, inner), index (outer, M, inner) -> y (outer, M, inner) ---- */
+
+__global__ static void dtr__cuda_gather_fwd_k(const float *x, const int32_t *id, float *y, int64_t L, int64_t M, int64_t inner,
+                                              int64_t n, int *err) {
+    DTR__CUDA_FOR(t, n) {
+        int32_t v = id[t];
+        if (v < 0 || v >= L) {
+            dtr__cuda_flag(err, DTR_OP_GATHER, t);
+            y[t] = 0.0f;
+        } else {
+            y[t] = x[((t / inner / M) * L + v) * inner + t % inner];
+        }
+    }
+}
+
+/* one thread per (outer, inner) column: its M picks added into x's column in the index's order
+   (the CPU's; repeats add up, no two threads share a column) */
+__global__ static void dtr__cuda_gather_bwd_k(const float *g, const int32_t *id, float *gx, int64_t L, int64_t M, int64_t inner,
+                                              int64_t cols) {
+    DTR__CUDA_FOR(c, cols) {
+        int64_t o = c / inner, i = c % inner;
+        for (int64_t m = 0; m < M; m++) {
+            int64_t t = (o * M + m) * inner + i;
+            int32_t v = id[t];
+            if (v >= 0 && v < L) gx[(o * L + v) * inner + i] += g[t];
+        }
+    }
+}
+
+static void dtr__cuda_gather_dims(const dtr__node *nd, int64_t *outer, int64_t *L, int64_t *M, int64_t *inner) {
+    const dtr_tensor *x = nd->in[0];
+    *outer = *inner = 1;
+    for (int d = 0; d < nd->p.axis; d++) *outer *= x->shape[d];
+    for (int d = nd->p.axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *L = x->shape[nd->p.axis];
+    *M = nd->in[1]->shape[nd->p.axis];
+}
+
+static dtr_result dtr__cuda_gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t outer, L, M, inner, n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__cuda_gather_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        (const float *)dtr__data(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__f32(nd->out), L, M, inner, n,
+        dtr__cuda(ctx)->err_dev);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_gather_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t outer, L, M, inner;
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || dtr_tensor_numel(nd->out) == 0) return DTR_OK;
+    dtr__cuda_gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__cuda_gather_bwd_k<<<dtr__cuda_grid(outer * inner), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, (const int32_t *)dtr__data(nd->in[1]), gx, L, M, inner, outer * inner);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
 
 __global__ static void dtr__cuda_embedding_fwd_k(dtr__cuda_mem W, const int32_t *id, dtr__cuda_mem Y, int64_t N, int64_t C,

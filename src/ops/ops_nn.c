@@ -342,6 +342,79 @@ dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- gather: x (outer, L, inner), index (outer, M, inner) -> y (outer, M, inner) ---- */
+
+/* x and index agree on every axis but `axis` (shape strings in the error) */
+static int dtr__gather_shapes(dtr_context *ctx, const dtr_tensor *x, int axis, const dtr_tensor *index) {
+    char s1[96], s2[96];
+    int d, ok = x->ndim == index->ndim;
+    for (d = 0; ok && d < x->ndim; d++) ok = d == axis || x->shape[d] == index->shape[d];
+    if (!ok)
+        dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_gather: index %s must have x's shape %s but along axis %d",
+                  dtr__shape_str(index, s1, sizeof s1), dtr__shape_str(x, s2, sizeof s2), axis);
+    return ok;
+}
+
+dtr_tensor *dtr_gather(dtr_context *ctx, dtr_tensor *x, int axis, dtr_tensor *index) {
+    dtr__node *n;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_gather", x, "x")) return NULL;
+    if (!index) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gather: index is NULL");
+    if (index->dtype != DTR_I32) return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_gather: index must be i32");
+    if (axis < 0) axis += x->ndim;
+    if (axis < 0 || axis >= x->ndim) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_gather: axis %d of %d dims", axis, x->ndim);
+    if (!dtr__gather_shapes(ctx, x, axis, index)) return NULL;
+    x = dtr__contig_input(ctx, x);
+    index = dtr__contig_input(ctx, index);
+    if (!x || !index) return NULL;
+    {
+        dtr_tensor *in[2] = {x, index};
+        n = dtr__node_new(ctx, DTR_OP_GATHER, 2, in);
+    }
+    if (!n) return NULL;
+    n->p.axis = axis;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), index->ndim, index->shape, "dtr_gather");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_gather");
+}
+
+/* the node's (outer, L, inner) around its axis and M, the index's length there */
+static void dtr__gather_dims(const dtr__node *nd, int64_t *outer, int64_t *L, int64_t *M, int64_t *inner) {
+    const dtr_tensor *x = nd->in[0];
+    int d;
+    *outer = *inner = 1;
+    for (d = 0; d < nd->p.axis; d++) *outer *= x->shape[d];
+    for (d = nd->p.axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *L = x->shape[nd->p.axis];
+    *M = nd->in[1]->shape[nd->p.axis];
+}
+
+dtr_result dtr__cpu_gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    const float *x = dtr__f32(nd->in[0]);
+    const int32_t *id = dtr__i32(nd->in[1]);
+    float *y = dtr__f32(nd->out);
+    int64_t outer, L, M, inner, t, n = dtr_tensor_numel(nd->out);
+    dtr__gather_dims(nd, &outer, &L, &M, &inner);
+    for (t = 0; t < n; t++)
+        if (id[t] < 0 || id[t] >= L)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_gather: index %lld is %d, outside [0, %lld)", (long long)t, (int)id[t],
+                             (long long)L);
+    for (t = 0; t < n; t++) y[t] = x[((t / inner / M) * L + id[t]) * inner + t % inner];
+    return DTR_OK;
+}
+
+/* gx[picked] += g, in the index's order (repeats add up in it) */
+dtr_result dtr__cpu_gather_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    const int32_t *id = dtr__i32(nd->in[1]);
+    int64_t outer, L, M, inner, t, n = dtr_tensor_numel(nd->out);
+    (void)ctx;
+    if (!gx) return DTR_OK;
+    dtr__gather_dims(nd, &outer, &L, &M, &inner);
+    for (t = 0; t < n; t++) gx[((t / inner / M) * L + id[t]) * inner + t % inner] += nd->out->grad[t];
+    return DTR_OK;
+}
+
 /* ---- embedding ---- */
 
 dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) {

@@ -577,6 +577,14 @@ DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
  *  is DTR_INVALID_ARGUMENT.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
+/** Values of x picked along `axis` by i32 `index` (PyTorch's torch.gather / take_along_dim):
+ *  index has x's shape but for that axis (any length M), and out[..., m, ...] =
+ *  x[..., index[..., m, ...], ...] (out has index's shape). The gradient adds back into the
+ *  picked places (an index repeated adds up). A Q-network's value of the actions taken
+ *  (x (B, A), index (B, 1)), the log-probabilities of chosen tokens, a top-k's values. An index
+ *  outside [0, x's axis length) is DTR_INVALID_ARGUMENT (on a GPU, reported at the next
+ *  synchronisation); another shape, DTR_SHAPE_MISMATCH. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gather(dtr_context *ctx, dtr_tensor *x, int axis, dtr_tensor *index);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
 /** Batch normalisation of x (N, C, ...) ((N, C) features, (N, C, L) sequences, (N, C, H, W)
