@@ -2697,7 +2697,48 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2701 "dtrain_cuda.cu"
+
+/* ---- nearest-neighbour upsampling: x (N C, H, W) -> y (N C, H sh, W sw) ---- */
+
+__global__ static void dtr__cuda_upsample_fwd_k(dtr__cuda_mem x, dtr__cuda_mem y, int64_t H, int64_t W, int64_t sh, int64_t sw,
+                                                int64_t n) {
+    DTR__CUDA_FOR(t, n) {   /* t over y */
+        int64_t Wo = W * sw, p = t / (H * sh * Wo), r = t % (H * sh * Wo);
+        y.st(t, x.ld((p * H + r / Wo / sh) * W + (r % Wo) / sw));
+    }
+}
+
+/* one thread per input element: its block's sum in the CPU's order (rows, then columns) */
+__global__ static void dtr__cuda_upsample_bwd_k(const float *gy, float *gx, int64_t H, int64_t W, int64_t sh, int64_t sw, int64_t n) {
+    DTR__CUDA_FOR(t, n) {   /* t over x */
+        int64_t p = t / (H * W), i = t % (H * W) / W, j = t % W, Wo = W * sw;
+        const float *blk = gy + p * H * sh * Wo + (i * sh) * Wo + j * sw;
+        float acc = gx[t];
+        for (int64_t a = 0; a < sh; a++)
+            for (int64_t c = 0; c < sw; c++) acc += blk[a * Wo + c];
+        gx[t] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_upsample_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_upsample_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(x), dtr__cuda_mem_of(nd->out), x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_upsample_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x);
+    float *gx = dtr__gradof(x);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_upsample_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, gx, x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
+    return dtr__cuda_launched(ctx, nd);
+}
+#line 2742 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3570,7 +3611,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3574 "dtrain_cuda.cu"
+#line 3615 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3970,7 +4011,7 @@ static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dt
                      dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1,
                      dtr__cuda_rope_narrow = 1, dtr__cuda_batchnorm_narrow = 1, dtr__cuda_lstm_narrow = 1,
                      dtr__cuda_conv_transpose_narrow = 0, dtr__cuda_argmax_narrow = 0,
-                     dtr__cuda_gather_narrow = 0;
+                     dtr__cuda_gather_narrow = 0, dtr__cuda_upsample_narrow = 1;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
@@ -4071,5 +4112,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4075 "dtrain_cuda.cu"
+#line 4116 "dtrain_cuda.cu"
 

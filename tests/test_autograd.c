@@ -21,6 +21,8 @@
  *                            indices i32 and never differentiable; a bad axis
  *   test_gather              dtr_gather's values and gradient (a repeated index adds up) as
  *                            torch.gather's; an index out of range, another shape, f32 indices
+ *   test_upsample            dtr_upsample_nearest2d: F.interpolate's nearest values, each input's
+ *                            gradient its block's sum; a factor of 0, a 3-D x
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
@@ -549,6 +551,28 @@ static void test_gather(void) {
     dtr_context_destroy(ctx);
 }
 
+/* F.interpolate(x, scale_factor=(1, 2), mode='nearest') of (1, 1, 2, 2) [[1, 2], [3, 4]]: each
+   value twice along the row; the gradient of sum(y w) sums each block */
+static void test_upsample(void) {
+    dtr_context *ctx = test_ctx(1);
+    const float xs[4] = {1, 2, 3, 4}, ws[8] = {1, 2, 3, 4, 5, 6, 7, 8}, want[8] = {1, 1, 2, 2, 3, 3, 4, 4};
+    int64_t s[4] = {1, 1, 2, 2}, s8[4] = {1, 1, 2, 4}, s3[3] = {1, 2, 2};
+    float y[8];
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 4, s, xs)), *u = dtr_upsample_nearest2d(ctx, x, 1, 2);
+    CHECK(u && dtr_tensor_dim(u, 2) == 2 && dtr_tensor_dim(u, 3) == 4);
+    if (!u) { dtr_context_destroy(ctx); return; }
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, u, dtr_tensor_from(ctx, DTR_F32, 4, s8, ws)))));
+    dtr_tensor_read(u, DTR_F32, y, 8);
+    CHECK(memcmp(y, want, sizeof want) == 0);
+    CHECK(dtr_tensor_grad(x)[0] == 3.0f && dtr_tensor_grad(x)[1] == 7.0f && dtr_tensor_grad(x)[2] == 11.0f &&
+          dtr_tensor_grad(x)[3] == 15.0f);
+    CHECK(dtr_upsample_nearest2d(ctx, x, 0, 2) == NULL && dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_upsample_nearest2d(ctx, dtr_tensor_zeros(ctx, DTR_F32, 3, s3), 2, 2) == NULL &&
+          dtr_context_status(ctx) == DTR_SHAPE_MISMATCH);
+    dtr_context_destroy(ctx);
+}
+
 /* ---- cross-entropy's settings ---- */
 
 /* PyTorch 1.13 in double: F.cross_entropy(x, t, label_smoothing=0.2, reduction=...) with
@@ -623,7 +647,8 @@ static const char *const k_op_ids[] = {
     "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
     "checkpoint", "attention", "silu", "rmsnorm", "rope",                                     /* 39..43 */
     "exp", "log", "sqrt", "pow", "clamp", "leaky_relu", "softplus", "maximum", "minimum",     /* 44..52 */
-    "batchnorm", "lstm_cell", "conv_transpose2d", "max", "argmax", "gather"                   /* 53..58 */
+    "batchnorm", "lstm_cell", "conv_transpose2d", "max", "argmax", "gather",                  /* 53..58 */
+    "upsample_nearest"                                                                        /* 59 */
 };
 
 static void test_op_names(void) {
@@ -1240,6 +1265,7 @@ int main(void) {
     RUN(test_xent_settings);
     RUN(test_max_argmax);
     RUN(test_gather);
+    RUN(test_upsample);
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);

@@ -309,6 +309,10 @@ static dtr_tensor *b_gather(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_gather(c, x[0], 0, dtr_tensor_from(c, DTR_I32, 2, s2, i2));
 }
 
+static dtr_tensor *b_upsample(dtr_context *c, dtr_tensor **x, void *u) {
+    return *(const int *)u ? dtr_upsample_nearest2d(c, x[0], 1, 2) : dtr_upsample_nearest2d(c, x[0], 2, 3);
+}
+
 static dtr_tensor *b_mse(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_mse(c, x[0], x[1]); }
 
 static dtr_tensor *b_reduce(dtr_context *c, dtr_tensor **x, void *u) {
@@ -609,6 +613,8 @@ static const op_case CASES[] = {
     {"log_softmax", 1, {IN3(2, 5, 5)}, b_softmax, KA(1), 0, NULL},
     {"softmax_causal", 1, {IN3(2, 5, 5)}, b_softmax, KA(2), 0, NULL},
     {"cross_entropy", 1, {IN2(6, 5)}, b_xent, K0, 0, NULL},
+    {"upsample nearest by (2, 3)", 1, {IN4(2, 3, 2, 3)}, b_upsample, KA(0), 0, NULL},
+    {"upsample nearest by (1, 2)", 1, {IN4(1, 2, 3, 4)}, b_upsample, KA(1), 0, NULL},
     {"gather along axis 1 with repeats", 1, {IN3(2, 5, 3)}, b_gather, KA(0), 0, NULL},
     {"gather the taken actions (last axis)", 1, {IN2(4, 6)}, b_gather, KA(1), 0, NULL},
     {"gather along axis 0", 1, {IN2(3, 4)}, b_gather, KA(2), 0, NULL},

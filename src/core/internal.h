@@ -179,14 +179,15 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
     X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)     \
-    X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax) X(GATHER, "gather", gather)
+    X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax) X(GATHER, "gather", gather)                \
+    X(UPSAMPLE, "upsample_nearest", upsample)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 59
+#define DTR__OP_COUNT_EXPECTED 60
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -204,6 +205,7 @@ typedef struct dtr__conv2d_params {   /* CONV2D, CONV_TRANSPOSE2D: per axis (hei
     int64_t groups;                   /* C and O divide into groups; w (O, C / groups, KH, KW) */
 } dtr__conv2d_params;
 typedef struct dtr__pool2d_params { int64_t k[2], stride[2], padding[2]; } dtr__pool2d_params; /* MAX/AVGPOOL2D: (h, w) */
+typedef struct dtr__upsample_params { int64_t scale[2]; } dtr__upsample_params;   /* UPSAMPLE: (h, w) */
 typedef struct dtr__dropout_params {
     float p;                          /* drop probability, in (0, 1) */
     dtr_rng rng;                      /* the context's stream where this op's draws start: the
@@ -270,6 +272,7 @@ typedef union dtr__op_params {
     dtr__conv2d_params conv2d;
     dtr__xent_params xent;
     dtr__pool2d_params pool2d;
+    dtr__upsample_params upsample;
     dtr__dropout_params dropout;
     dtr__view_params view;
     dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel

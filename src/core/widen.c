@@ -48,7 +48,8 @@ static int dtr__any_dtype_op(int op) {
 /* ops whose backward kernel reads no tensor data, only gradients, shapes and saved state */
 static int dtr__bwd_reads_no_data(int op) {
     return op == DTR_OP_ADD || op == DTR_OP_SUB || op == DTR_OP_SCALE || op == DTR_OP_SUM || op == DTR_OP_MEAN ||
-           op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT || op == DTR_OP_ROPE;
+           op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT || op == DTR_OP_ROPE ||
+           op == DTR_OP_UPSAMPLE;
 }
 
 /* ops whose backward kernel reads its output's values (tanh', sigmoid', exp' and sqrt' from y,

@@ -340,3 +340,44 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
+
+/* ---- nearest-neighbour upsampling: x (N C, H, W) -> y (N C, H sh, W sw) ---- */
+
+__global__ static void dtr__cuda_upsample_fwd_k(dtr__cuda_mem x, dtr__cuda_mem y, int64_t H, int64_t W, int64_t sh, int64_t sw,
+                                                int64_t n) {
+    DTR__CUDA_FOR(t, n) {   /* t over y */
+        int64_t Wo = W * sw, p = t / (H * sh * Wo), r = t % (H * sh * Wo);
+        y.st(t, x.ld((p * H + r / Wo / sh) * W + (r % Wo) / sw));
+    }
+}
+
+/* one thread per input element: its block's sum in the CPU's order (rows, then columns) */
+__global__ static void dtr__cuda_upsample_bwd_k(const float *gy, float *gx, int64_t H, int64_t W, int64_t sh, int64_t sw, int64_t n) {
+    DTR__CUDA_FOR(t, n) {   /* t over x */
+        int64_t p = t / (H * W), i = t % (H * W) / W, j = t % W, Wo = W * sw;
+        const float *blk = gy + p * H * sh * Wo + (i * sh) * Wo + j * sw;
+        float acc = gx[t];
+        for (int64_t a = 0; a < sh; a++)
+            for (int64_t c = 0; c < sw; c++) acc += blk[a * Wo + c];
+        gx[t] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_upsample_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_upsample_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(x), dtr__cuda_mem_of(nd->out), x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_upsample_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x);
+    float *gx = dtr__gradof(x);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_upsample_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, gx, x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
+    return dtr__cuda_launched(ctx, nd);
+}

@@ -876,3 +876,57 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
+
+/* ---- nearest-neighbour upsampling: x (N, C, H, W) -> y (N, C, H sh, W sw) ---- */
+
+dtr_tensor *dtr_upsample_nearest2d(dtr_context *ctx, dtr_tensor *x, int sh, int sw) {
+    dtr__node *n;
+    int64_t shape[4];
+    char s1[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_upsample_nearest2d", x, "x")) return NULL;
+    if (x->ndim != 4)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_upsample_nearest2d: x %s must be (N, C, H, W)", dtr__shape_str(x, s1, sizeof s1));
+    if (sh < 1 || sw < 1) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_upsample_nearest2d: factors %d, %d must be >= 1", sh, sw);
+    x = dtr__contig_input(ctx, x);
+    if (!x || !(n = dtr__node_new(ctx, DTR_OP_UPSAMPLE, 1, &x))) return NULL;
+    shape[0] = x->shape[0], shape[1] = x->shape[1], shape[2] = x->shape[2] * sh, shape[3] = x->shape[3] * sw;
+    n->p.upsample.scale[0] = sh, n->p.upsample.scale[1] = sw;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_upsample_nearest2d");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_upsample_nearest2d");
+}
+
+/* planes [b, e) of (N C): y's blocks from x's values (forward), or each input's block summed
+   into its gradient (backward: the block's rows in order, then its columns) */
+typedef struct { const dtr__node *nd; int bwd; } dtr__upsample_job;
+
+static void dtr__upsample_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__upsample_job *j = (const dtr__upsample_job *)arg;
+    const dtr__node *nd = j->nd;
+    int64_t H = nd->in[0]->shape[2], W = nd->in[0]->shape[3], sh = nd->p.upsample.scale[0], sw = nd->p.upsample.scale[1];
+    int64_t HW = H * W, P = HW * sh * sw, t, i, k, a, c;
+    (void)worker;
+    for (t = b; t < e; t++) {
+        const float *x = dtr__f32(nd->in[0]) + t * HW, *gy = j->bwd ? nd->out->grad + t * P : NULL;
+        float *y = dtr__f32(nd->out) + t * P, *gx = j->bwd ? dtr__gradof(nd->in[0]) + t * HW : NULL;
+        for (i = 0; i < HW; i++)
+            for (a = 0; a < sh; a++)
+                for (c = 0; c < sw; c++) {
+                    k = ((i / W) * sh + a) * (W * sw) + (i % W) * sw + c;
+                    if (gx) gx[i] += gy[k];
+                    else y[k] = x[i];
+                }
+    }
+}
+
+static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
+    dtr__upsample_job j;
+    j.nd = nd, j.bwd = bwd;
+    if (bwd && !dtr__gradof(nd->in[0])) return DTR_OK;
+    dtr__pool_run(ctx->pool, nd->in[0]->shape[0] * nd->in[0]->shape[1], 1, dtr__upsample_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
+dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }

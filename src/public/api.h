@@ -684,6 +684,13 @@ DTR_API dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, d
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
+/** Nearest-neighbour upsampling of x (N, C, H, W) by integer factors: (N, C, H sh, W sw), each
+ *  value repeated over an sh x sw block (PyTorch's F.interpolate(mode='nearest') with
+ *  scale_factor (sh, sw)); the gradient of an input is its block's sum. A U-Net's or a
+ *  feature pyramid's way up (followed by a convolution: no checkerboard of a strided
+ *  transposed one). A factor < 1: DTR_INVALID_ARGUMENT; x not 4-D: DTR_SHAPE_MISMATCH.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_upsample_nearest2d(dtr_context *ctx, dtr_tensor *x, int sh, int sw);
 /** 1-D max and average pooling over (N, C, L) with a window of k (PyTorch's max_pool1d and
  *  avg_pool1d): stride 0 means k, padding up to k / 2, the rules and errors of the 2-D ones.
  *  Thread safety: the context's thread. */
