@@ -12750,37 +12750,39 @@ static dtr_result dtr__conv_check(dtr_context *ctx, const dtr_tensor *x, const d
     return DTR_OK;
 }
 
-static void dtr__conv_params(dtr__conv2d_params *p, const dtr_conv_config *c) {
+/* the node of a checked convolution (op CONV2D or CONV_TRANSPOSE2D) with an output of `shape` */
+static dtr_tensor *dtr__conv_node(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                                  const dtr_conv_config *c, const int64_t *shape) {
+    dtr__node *n;
     int a;
-    for (a = 0; a < 2; a++) {
-        p->stride[a] = c->stride[a];
-        p->padding[a] = c->padding[a];
-        p->dilation[a] = c->dilation[a];
+    x = dtr__contig_input(ctx, x);
+    w = dtr__contig_input(ctx, w);
+    if (!x || !w) return NULL;
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, op, bias ? 3 : 2, in);
     }
-    p->groups = c->groups;
+    if (!n) return NULL;
+    for (a = 0; a < 2; a++) {
+        n->p.conv2d.stride[a] = c->stride[a];
+        n->p.conv2d.padding[a] = c->padding[a];
+        n->p.conv2d.dilation[a] = c->dilation[a];
+    }
+    n->p.conv2d.groups = c->groups;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
 }
 
 dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
-    dtr__node *n;
     dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
     int64_t shape[4], Ho = 0, Wo = 0;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv2d", x, "x") || !dtr__check_input(ctx, "dtr_conv2d", w, "w")) return NULL;
     if (bias && !dtr__check_input(ctx, "dtr_conv2d", bias, "bias")) return NULL;
     if (dtr__conv_check(ctx, x, w, bias, &c, &Ho, &Wo) != DTR_OK) return NULL;
-    x = dtr__contig_input(ctx, x);
-    w = dtr__contig_input(ctx, w);
-    if (!x || !w) return NULL;
     shape[0] = x->shape[0]; shape[1] = w->shape[0]; shape[2] = Ho; shape[3] = Wo;
-    {
-        dtr_tensor *in[3] = {x, w, bias};
-        n = dtr__node_new(ctx, DTR_OP_CONV2D, bias ? 3 : 2, in);
-    }
-    if (!n) return NULL;
-    dtr__conv_params(&n->p.conv2d, &c);
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv2d");
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_conv2d");
+    return dtr__conv_node(ctx, DTR_OP_CONV2D, "dtr_conv2d", x, w, bias, &c, shape);
 }
 
 dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
@@ -12841,25 +12843,13 @@ static dtr_result dtr__convt_check(dtr_context *ctx, const dtr_tensor *x, const 
 }
 
 dtr_tensor *dtr_conv_transpose2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
-    dtr__node *n;
     dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
     int64_t shape[4];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv_transpose2d", x, "x") || !dtr__check_input(ctx, "dtr_conv_transpose2d", w, "w")) return NULL;
     if (bias && !dtr__check_input(ctx, "dtr_conv_transpose2d", bias, "bias")) return NULL;
     if (dtr__convt_check(ctx, x, w, bias, &c, shape) != DTR_OK) return NULL;
-    x = dtr__contig_input(ctx, x);
-    w = dtr__contig_input(ctx, w);
-    if (!x || !w) return NULL;
-    {
-        dtr_tensor *in[3] = {x, w, bias};
-        n = dtr__node_new(ctx, DTR_OP_CONV_TRANSPOSE2D, bias ? 3 : 2, in);
-    }
-    if (!n) return NULL;
-    dtr__conv_params(&n->p.conv2d, &c);
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv_transpose2d");
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_conv_transpose2d");
+    return dtr__conv_node(ctx, DTR_OP_CONV_TRANSPOSE2D, "dtr_conv_transpose2d", x, w, bias, &c, shape);
 }
 
 /* The kernels' view of a convolution: the image side (N, C, H, W) and the product side
@@ -13481,7 +13471,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13485 "dtrain.h"
+#line 13475 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13743,7 +13733,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13747 "dtrain.h"
+#line 13737 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14113,7 +14103,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14117 "dtrain.h"
+#line 14107 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14247,7 +14237,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14251 "dtrain.h"
+#line 14241 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15024,7 +15014,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15028 "dtrain.h"
+#line 15018 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15416,7 +15406,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15420 "dtrain.h"
+#line 15410 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15692,7 +15682,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15696 "dtrain.h"
+#line 15686 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15865,7 +15855,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 15869 "dtrain.h"
+#line 15859 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16120,7 +16110,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16124 "dtrain.h"
+#line 16114 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16665,7 +16655,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16669 "dtrain.h"
+#line 16659 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16803,7 +16793,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16807 "dtrain.h"
+#line 16797 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17150,7 +17140,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17154 "dtrain.h"
+#line 17144 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17216,7 +17206,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17220 "dtrain.h"
+#line 17210 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17453,7 +17443,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17457 "dtrain.h"
+#line 17447 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18202,7 +18192,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18206 "dtrain.h"
+#line 18196 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18655,7 +18645,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18659 "dtrain.h"
+#line 18649 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18711,7 +18701,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18715 "dtrain.h"
+#line 18705 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19488,7 +19478,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19492 "dtrain.h"
+#line 19482 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20069,7 +20059,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20073 "dtrain.h"
+#line 20063 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20700,7 +20690,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20704 "dtrain.h"
+#line 20694 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21496,7 +21486,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21500 "dtrain.h"
+#line 21490 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21849,7 +21839,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21853 "dtrain.h"
+#line 21843 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22039,7 +22029,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22043 "dtrain.h"
+#line 22033 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22220,7 +22210,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22224 "dtrain.h"
+#line 22214 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22995,7 +22985,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22999 "dtrain.h"
+#line 22989 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23512,7 +23502,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23516 "dtrain.h"
+#line 23506 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24307,7 +24297,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24311 "dtrain.h"
+#line 24301 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25555,7 +25545,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25559 "dtrain.h"
+#line 25549 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26177,7 +26167,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26181 "dtrain.h"
+#line 26171 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26678,7 +26668,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26682 "dtrain.h"
+#line 26672 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27408,7 +27398,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27412 "dtrain.h"
+#line 27402 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27644,7 +27634,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27648 "dtrain.h"
+#line 27638 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27773,7 +27763,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27777 "dtrain.h"
+#line 27767 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28210,7 +28200,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28214 "dtrain.h"
+#line 28204 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28703,7 +28693,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28707 "dtrain.h"
+#line 28697 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29252,7 +29242,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29256 "dtrain.h"
+#line 29246 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -29758,7 +29748,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 29762 "dtrain.h"
+#line 29752 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31307,7 +31297,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31311 "dtrain.h"
+#line 31301 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31361,7 +31351,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31365 "dtrain.h"
+#line 31355 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32539,7 +32529,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32543 "dtrain.h"
+#line 32533 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33442,7 +33432,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33446 "dtrain.h"
+#line 33436 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34920,7 +34910,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34924 "dtrain.h"
+#line 34914 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35309,7 +35299,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35313 "dtrain.h"
+#line 35303 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35458,7 +35448,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35462 "dtrain.h"
+#line 35452 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

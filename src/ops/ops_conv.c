@@ -199,37 +199,39 @@ static dtr_result dtr__conv_check(dtr_context *ctx, const dtr_tensor *x, const d
     return DTR_OK;
 }
 
-static void dtr__conv_params(dtr__conv2d_params *p, const dtr_conv_config *c) {
+/* the node of a checked convolution (op CONV2D or CONV_TRANSPOSE2D) with an output of `shape` */
+static dtr_tensor *dtr__conv_node(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                                  const dtr_conv_config *c, const int64_t *shape) {
+    dtr__node *n;
     int a;
-    for (a = 0; a < 2; a++) {
-        p->stride[a] = c->stride[a];
-        p->padding[a] = c->padding[a];
-        p->dilation[a] = c->dilation[a];
+    x = dtr__contig_input(ctx, x);
+    w = dtr__contig_input(ctx, w);
+    if (!x || !w) return NULL;
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, op, bias ? 3 : 2, in);
     }
-    p->groups = c->groups;
+    if (!n) return NULL;
+    for (a = 0; a < 2; a++) {
+        n->p.conv2d.stride[a] = c->stride[a];
+        n->p.conv2d.padding[a] = c->padding[a];
+        n->p.conv2d.dilation[a] = c->dilation[a];
+    }
+    n->p.conv2d.groups = c->groups;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
 }
 
 dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
-    dtr__node *n;
     dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
     int64_t shape[4], Ho = 0, Wo = 0;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv2d", x, "x") || !dtr__check_input(ctx, "dtr_conv2d", w, "w")) return NULL;
     if (bias && !dtr__check_input(ctx, "dtr_conv2d", bias, "bias")) return NULL;
     if (dtr__conv_check(ctx, x, w, bias, &c, &Ho, &Wo) != DTR_OK) return NULL;
-    x = dtr__contig_input(ctx, x);
-    w = dtr__contig_input(ctx, w);
-    if (!x || !w) return NULL;
     shape[0] = x->shape[0]; shape[1] = w->shape[0]; shape[2] = Ho; shape[3] = Wo;
-    {
-        dtr_tensor *in[3] = {x, w, bias};
-        n = dtr__node_new(ctx, DTR_OP_CONV2D, bias ? 3 : 2, in);
-    }
-    if (!n) return NULL;
-    dtr__conv_params(&n->p.conv2d, &c);
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv2d");
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_conv2d");
+    return dtr__conv_node(ctx, DTR_OP_CONV2D, "dtr_conv2d", x, w, bias, &c, shape);
 }
 
 dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
@@ -290,25 +292,13 @@ static dtr_result dtr__convt_check(dtr_context *ctx, const dtr_tensor *x, const 
 }
 
 dtr_tensor *dtr_conv_transpose2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
-    dtr__node *n;
     dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
     int64_t shape[4];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv_transpose2d", x, "x") || !dtr__check_input(ctx, "dtr_conv_transpose2d", w, "w")) return NULL;
     if (bias && !dtr__check_input(ctx, "dtr_conv_transpose2d", bias, "bias")) return NULL;
     if (dtr__convt_check(ctx, x, w, bias, &c, shape) != DTR_OK) return NULL;
-    x = dtr__contig_input(ctx, x);
-    w = dtr__contig_input(ctx, w);
-    if (!x || !w) return NULL;
-    {
-        dtr_tensor *in[3] = {x, w, bias};
-        n = dtr__node_new(ctx, DTR_OP_CONV_TRANSPOSE2D, bias ? 3 : 2, in);
-    }
-    if (!n) return NULL;
-    dtr__conv_params(&n->p.conv2d, &c);
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv_transpose2d");
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_conv_transpose2d");
+    return dtr__conv_node(ctx, DTR_OP_CONV_TRANSPOSE2D, "dtr_conv_transpose2d", x, w, bias, &c, shape);
 }
 
 /* The kernels' view of a convolution: the image side (N, C, H, W) and the product side
