@@ -297,20 +297,27 @@ dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- reductions ---- */
 
+/* x's shape without `axis` (or with it as 1: keepdim) in shape; returns its rank */
+static int dtr__reduced_shape(const dtr_tensor *x, int axis, int keepdim, int64_t *shape) {
+    int nd = 0, d;
+    for (d = 0; d < x->ndim; d++) {
+        if (d == axis) { if (keepdim) shape[nd++] = 1; }
+        else shape[nd++] = x->shape[d];
+    }
+    return nd;
+}
+
 static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int axis, int keepdim) {
     dtr__node *n;
     int64_t shape[DTR_MAX_DIMS] = {0};
-    int nd = 0, d;
+    int nd = 0;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (op == DTR_OP_SUM || op == DTR_OP_MEAN) {
         if (axis < 0) axis += x->ndim;
         if (axis < 0 || axis >= x->ndim)
             return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: axis %d outside a tensor of %d dims", name, axis, x->ndim);
-        for (d = 0; d < x->ndim; d++) {
-            if (d == axis) { if (keepdim) shape[nd++] = 1; }
-            else shape[nd++] = x->shape[d];
-        }
+        nd = dtr__reduced_shape(x, axis, keepdim, shape);
     }
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
@@ -386,17 +393,14 @@ dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_tensor *dtr__argmax_op(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int axis, int keepdim) {
     dtr__node *n;
     int64_t shape[DTR_MAX_DIMS] = {0};
-    int nd = 0, d;
+    int nd;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (axis < 0) axis += x->ndim;
     if (axis < 0 || axis >= x->ndim || x->shape[axis] == 0)
         return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: axis %d of a tensor of %d dims (it must be there and not empty)", name,
                           axis, x->ndim);
-    for (d = 0; d < x->ndim; d++) {
-        if (d == axis) { if (keepdim) shape[nd++] = 1; }
-        else shape[nd++] = x->shape[d];
-    }
+    nd = dtr__reduced_shape(x, axis, keepdim, shape);
     x = dtr__contig_input(ctx, x);
     if (!x || !(n = dtr__node_new(ctx, op, 1, &x))) return NULL;
     n->p.axis = axis;
