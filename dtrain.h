@@ -4811,6 +4811,15 @@ static inline void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int
     *N = x->shape[0], *C = x->shape[1], *S = 1;
     for (d = 2; d < x->ndim; d++) *S *= x->shape[d];
 }
+/** x viewed as (outer, len, inner) around `axis` (reductions, max, gather): the CPU's and CUDA's
+ *  kernels alike. */
+static inline void dtr__axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    int d;
+    *outer = *inner = 1;
+    for (d = 0; d < axis; d++) *outer *= x->shape[d];
+    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *len = x->shape[axis];
+}
 /** 1 when t's storage went back to the arena's spares (release_activations). */
 static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->flags & DTR__RELEASED) != 0; }
 
@@ -5536,7 +5545,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5540 "dtrain.h"
+#line 5549 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5877,6 +5886,17 @@ DTR__HD void dtr__f_bn_running(float *rm, float *rv, double m, double v, int64_t
 /** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
  *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
 DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }
+/** The index of the largest of n values x[0], x[stride], ..., x[(n - 1) stride] (the first of
+ *  ties; a NaN wins and ends the scan), its value in *best: max and argmax on the CPU and CUDA. */
+DTR__HD int32_t dtr__f_argmax(const float *x, int64_t n, int64_t stride, float *best) {
+    float b = x[0];
+    int32_t bi = 0;
+    int64_t k;
+    for (k = 1; k < n && b == b; k++)
+        if (dtr__f_max_takes(x[k * stride], b)) b = x[k * stride], bi = (int32_t)k;
+    *best = b;
+    return bi;
+}
 
 /* ---- optimizer element updates ---- */
 
@@ -5965,7 +5985,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5969 "dtrain.h"
+#line 5989 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6027,7 +6047,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6031 "dtrain.h"
+#line 6051 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6406,7 +6426,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6410 "dtrain.h"
+#line 6430 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6449,7 +6469,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6453 "dtrain.h"
+#line 6473 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6483,7 +6503,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6487 "dtrain.h"
+#line 6507 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6542,7 +6562,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6546 "dtrain.h"
+#line 6566 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6616,7 +6636,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6620 "dtrain.h"
+#line 6640 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6684,7 +6704,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6688 "dtrain.h"
+#line 6708 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6759,7 +6779,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6763 "dtrain.h"
+#line 6783 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7111,7 +7131,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7115 "dtrain.h"
+#line 7135 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7935,7 +7955,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7939 "dtrain.h"
+#line 7959 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8610,7 +8630,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8614 "dtrain.h"
+#line 8634 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8701,7 +8721,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8705 "dtrain.h"
+#line 8725 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9183,7 +9203,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9187 "dtrain.h"
+#line 9207 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9438,7 +9458,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9442 "dtrain.h"
+#line 9462 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9671,7 +9691,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9675 "dtrain.h"
+#line 9695 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9790,7 +9810,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9794 "dtrain.h"
+#line 9814 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9846,7 +9866,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9850 "dtrain.h"
+#line 9870 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10243,7 +10263,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10247 "dtrain.h"
+#line 10267 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10506,7 +10526,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10510 "dtrain.h"
+#line 10530 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10846,15 +10866,6 @@ dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) { r
 dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x) { return dtr__reduce(ctx, DTR_OP_SUM_ALL, "dtr_sum_all", x, 0, 0); }
 dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x) { return dtr__reduce(ctx, DTR_OP_MEAN_ALL, "dtr_mean_all", x, 0, 0); }
 
-/* x viewed as (outer, len, inner) around `axis`. */
-static void dtr__axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
-    int d;
-    *outer = 1; *inner = 1;
-    for (d = 0; d < axis; d++) *outer *= x->shape[d];
-    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
-    *len = x->shape[axis];
-}
-
 dtr_result dtr__cpu_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
     const float *x = dtr__f32(nd->in[0]);
     float *y = dtr__f32(nd->out);
@@ -10940,16 +10951,12 @@ static void dtr__argmax_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__node *nd = (const dtr__node *)arg;
     const float *x = dtr__f32(nd->in[0]);
     int32_t *idx = nd->op == DTR_OP_MAX ? (int32_t *)nd->saved : dtr__i32(nd->out);
-    int64_t outer, len, inner, t, k;
+    int64_t outer, len, inner, t;
     (void)worker;
     dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
     for (t = b; t < e; t++) {
-        const float *xs = x + (t / inner) * len * inner + t % inner;
-        float best = xs[0];
-        int32_t bi = 0;
-        for (k = 1; k < len && best == best; k++)
-            if (dtr__f_max_takes(xs[k * inner], best)) best = xs[k * inner], bi = (int32_t)k;
-        idx[t] = bi;
+        float best;
+        idx[t] = dtr__f_argmax(x + (t / inner) * len * inner + t % inner, len, inner, &best);
         if (nd->op == DTR_OP_MAX) dtr__f32(nd->out)[t] = best;
     }
 }
@@ -11083,7 +11090,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11087 "dtrain.h"
+#line 11094 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11262,7 +11269,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11266 "dtrain.h"
+#line 11273 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11646,23 +11653,13 @@ dtr_tensor *dtr_gather(dtr_context *ctx, dtr_tensor *x, int axis, dtr_tensor *in
     return dtr__record(ctx, n, "dtr_gather");
 }
 
-/* the node's (outer, L, inner) around its axis and M, the index's length there */
-static void dtr__gather_dims(const dtr__node *nd, int64_t *outer, int64_t *L, int64_t *M, int64_t *inner) {
-    const dtr_tensor *x = nd->in[0];
-    int d;
-    *outer = *inner = 1;
-    for (d = 0; d < nd->p.axis; d++) *outer *= x->shape[d];
-    for (d = nd->p.axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
-    *L = x->shape[nd->p.axis];
-    *M = nd->in[1]->shape[nd->p.axis];
-}
-
 dtr_result dtr__cpu_gather_fwd(dtr_context *ctx, dtr__node *nd) {
     const float *x = dtr__f32(nd->in[0]);
     const int32_t *id = dtr__i32(nd->in[1]);
     float *y = dtr__f32(nd->out);
     int64_t outer, L, M, inner, t, n = dtr_tensor_numel(nd->out);
-    dtr__gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &L, &inner);
+    M = nd->in[1]->shape[nd->p.axis];
     for (t = 0; t < n; t++)
         if (id[t] < 0 || id[t] >= L)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_gather: index %lld is %d, outside [0, %lld)", (long long)t, (int)id[t],
@@ -11678,7 +11675,8 @@ dtr_result dtr__cpu_gather_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t outer, L, M, inner, t, n = dtr_tensor_numel(nd->out);
     (void)ctx;
     if (!gx) return DTR_OK;
-    dtr__gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &L, &inner);
+    M = nd->in[1]->shape[nd->p.axis];
     for (t = 0; t < n; t++) gx[((t / inner / M) * L + id[t]) * inner + t % inner] += nd->out->grad[t];
     return DTR_OK;
 }
@@ -12549,7 +12547,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12553 "dtrain.h"
+#line 12551 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12611,19 +12609,24 @@ static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float
             }
 }
 
-/* Stride 1 along the width (any padding, dilation, height stride): for tap (ki, kj) output
- * column oj reads input column oj - PW + kj DW, so each output row is one contiguous run of
- * the input row between zero margins [0, j0) and [j1, Wo). Same results as the reference
- * loops (copies and the same order of additions), without per-element bounds checks. */
-static void dtr__conv_s1_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
-    int64_t a = g->PW - kj * g->DW, b = g->W + g->PW - kj * g->DW;   /* valid oj: a <= oj < b */
-    *j0 = a < 0 ? 0 : (a > g->Wo ? g->Wo : a);
-    *j1 = b > g->Wo ? g->Wo : (b < *j0 ? *j0 : b);
+/* The output columns [*j0, *j1) whose input column oj SW - PW + kj DW (tap kj) lies inside the
+ * row. With stride 1 along the width (any padding, dilation, height stride) each output row is
+ * then one contiguous run of the input row between zero margins [0, j0) and [j1, Wo): the
+ * fast im2col / col2im below give the reference loops' results (copies and the same order of
+ * additions) without per-element bounds checks; the depthwise loops use it at any stride. */
+static void dtr__conv_valid_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
+    int64_t lo = g->PW - kj * g->DW, hi = g->W - 1 + g->PW - kj * g->DW;
+    *j0 = lo <= 0 ? 0 : (lo + g->SW - 1) / g->SW;
+    *j1 = hi < 0 ? 0 : hi / g->SW + 1;
+    if (*j0 > g->Wo) *j0 = g->Wo;
+    if (*j1 > g->Wo) *j1 = g->Wo;
+    if (*j1 < *j0) *j1 = *j0;
 }
 
-/* d[0..n) = s[0..n) and d[0..n) += s[0..n) for the short runs of im2col / col2im: 8 at a
- * time through a local array, which compilers turn into vector loads and stores at -O2
- * (a memcpy call costs more than the copy for runs of 10 to 30 floats). */
+/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of im2col / col2im (w 1: the
+ * bits of an add) and the depthwise rows: 8 at a time through a local array, which compilers
+ * turn into vector loads and stores at -O2 (a memcpy call costs more than the copy for runs of
+ * 10 to 30 floats). */
 static void dtr__conv_copy(float *d, const float *s, int64_t n) {
     int64_t i;
     int k;
@@ -12635,16 +12638,16 @@ static void dtr__conv_copy(float *d, const float *s, int64_t n) {
     for (; i < n; i++) d[i] = s[i];
 }
 
-static void dtr__conv_add(float *d, const float *s, int64_t n) {
+static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     int64_t i;
     int k;
     for (i = 0; i + 8 <= n; i += 8) {
         float t[8], u[8];
         for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
-        for (k = 0; k < 8; k++) t[k] += u[k];
+        for (k = 0; k < 8; k++) t[k] += w * u[k];
         for (k = 0; k < 8; k++) d[i + k] = t[k];
     }
-    for (; i < n; i++) d[i] += s[i];
+    for (; i < n; i++) d[i] += w * s[i];
 }
 
 static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
@@ -12654,7 +12657,7 @@ static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                dtr__conv_s1_cols(g, kj, &j0, &j1);
+                dtr__conv_valid_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     float *r = row + oi * g->Wo;
@@ -12673,14 +12676,14 @@ static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                dtr__conv_s1_cols(g, kj, &j0, &j1);
+                dtr__conv_valid_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     const float *r = row + oi * g->Wo + j0;
                     float *d;
                     if (ii < 0 || ii >= g->H || j1 <= j0) continue;
                     d = gx + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW);   /* input column of output column j0 */
-                    dtr__conv_add(d, r, j1 - j0);
+                    dtr__conv_axpy(d, r, 1.0f, j1 - j0);
                 }
             }
 }
@@ -12931,19 +12934,6 @@ static float dtr__conv_sum(const float *x, int64_t n) {
 
 /* ---- depthwise (groups = C = O): direct loops over each plane, no columns ---- */
 
-/* d[0..n) += w s[0..n), 8 at a time through local arrays (vector code at -O2, as dtr__conv_add) */
-static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8], u[8];
-        for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
-        for (k = 0; k < 8; k++) t[k] += w * u[k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] += w * s[i];
-}
-
 /* the sum of a[i] b[i] over [0, n) in dtr__conv_sum's order (8 running sums: one SIMD register) */
 static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
@@ -12956,22 +12946,13 @@ static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* the output columns [*j0, *j1) whose input column oj SW - PW + kj DW is inside the row */
-static void dtr__dw_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
-    int64_t lo = g->PW - kj * g->DW, hi = g->W - 1 + g->PW - kj * g->DW;
-    *j0 = lo <= 0 ? 0 : (lo + g->SW - 1) / g->SW;
-    *j1 = hi < 0 ? 0 : hi / g->SW + 1;
-    if (*j1 > g->Wo) *j1 = g->Wo;
-    if (*j1 < *j0) *j1 = *j0;
-}
-
 /* Tap (ki, kj) of one plane: mode 0 y += w x (a = x, b = y), 1 gx += w gy (a = gy, b = gx);
  * mode 2 returns the sum of gy x over the tap's pairs (a = gy, b = x), each row's in f32 and
  * the rows' in double. x's rows and columns: ii = oi SH - PH + ki DH, jj = oj SW - PW + kj DW. */
 static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
     int64_t oi, oj, j0, j1, d = kj * g->DW - g->PW, S = g->SW;
     double sum = 0.0;
-    dtr__dw_cols(g, kj, &j0, &j1);
+    dtr__conv_valid_cols(g, kj, &j0, &j1);
     for (oi = 0; oi < g->Ho && j1 > j0; oi++) {
         int64_t ii = oi * g->SH - g->PH + ki * g->DH, n = j1 - j0;
         const float *ra;
@@ -13033,14 +13014,13 @@ static int dtr__conv_depthwise(const dtr__conv_geom *g) { return g->G > 1 && g->
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
     dtr__conv_job_of(ctx, nd, &j);
-    if (dtr__conv_depthwise(&j.g)) {
-        j.img = dtr__f32(nd->in[0]), j.prod = dtr__f32(nd->out), j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
-        return DTR_OK;
-    }
     j.img = dtr__f32(nd->in[0]);
     j.prod = dtr__f32(nd->out);
     j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    if (dtr__conv_depthwise(&j.g)) {
+        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
+        return DTR_OK;
+    }
     /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
     j.keep_cols = nd->taped;
     if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
@@ -13083,9 +13063,10 @@ static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     }
 }
 
-static void dtr__conv_run_w(const dtr__conv_job *j) {
+static void dtr__conv_run_w(dtr__conv_job *j) {
     int64_t ckk = j->g.C / j->g.G * j->g.KH * j->g.KW;
-    dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, (void *)j);
+    j->split_cols = j->g.O < ckk;
+    dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, j);
 }
 
 /* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
@@ -13127,7 +13108,6 @@ dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     j.col = (float *)nd->saved;
     j.gw = dtr__gradof(nd->in[1]);
     j.gb = dtr__gradof(nd->in[2]);
-    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
     if (j.gw || j.gb) dtr__conv_run_w(&j);
     j.gimg = dtr__gradof(nd->in[0]);
     return j.gimg ? dtr__conv_run_x(ctx, &j) : DTR_OK;
@@ -13175,7 +13155,6 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     if (!j.gw) return DTR_OK;
     j.gprod = dtr__f32(nd->in[0]);
-    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
     dtr__conv_run_w(&j);
     return DTR_OK;
 }
@@ -13475,7 +13454,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13479 "dtrain.h"
+#line 13458 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13737,7 +13716,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13741 "dtrain.h"
+#line 13720 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14107,7 +14086,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14111 "dtrain.h"
+#line 14090 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14241,7 +14220,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14245 "dtrain.h"
+#line 14224 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15018,7 +14997,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15022 "dtrain.h"
+#line 15001 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15410,7 +15389,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15414 "dtrain.h"
+#line 15393 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15686,7 +15665,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15690 "dtrain.h"
+#line 15669 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15859,7 +15838,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 15863 "dtrain.h"
+#line 15842 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16114,7 +16093,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16118 "dtrain.h"
+#line 16097 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16659,7 +16638,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16663 "dtrain.h"
+#line 16642 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16797,7 +16776,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16801 "dtrain.h"
+#line 16780 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17144,7 +17123,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17148 "dtrain.h"
+#line 17127 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17210,7 +17189,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17214 "dtrain.h"
+#line 17193 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17447,7 +17426,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17451 "dtrain.h"
+#line 17430 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18196,7 +18175,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18200 "dtrain.h"
+#line 18179 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18649,7 +18628,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18653 "dtrain.h"
+#line 18632 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18705,7 +18684,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18709 "dtrain.h"
+#line 18688 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19482,7 +19461,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19486 "dtrain.h"
+#line 19465 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20063,7 +20042,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20067 "dtrain.h"
+#line 20046 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20694,7 +20673,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20698 "dtrain.h"
+#line 20677 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21490,7 +21469,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21494 "dtrain.h"
+#line 21473 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21843,7 +21822,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21847 "dtrain.h"
+#line 21826 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22033,7 +22012,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22037 "dtrain.h"
+#line 22016 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22214,7 +22193,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22218 "dtrain.h"
+#line 22197 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22989,7 +22968,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22993 "dtrain.h"
+#line 22972 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23506,7 +23485,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23510 "dtrain.h"
+#line 23489 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24301,7 +24280,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24305 "dtrain.h"
+#line 24284 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25549,7 +25528,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25553 "dtrain.h"
+#line 25532 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26171,7 +26150,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26175 "dtrain.h"
+#line 26154 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26672,7 +26651,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26676 "dtrain.h"
+#line 26655 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27402,7 +27381,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27406 "dtrain.h"
+#line 27385 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27638,7 +27617,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27642 "dtrain.h"
+#line 27621 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27767,7 +27746,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27771 "dtrain.h"
+#line 27750 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28204,7 +28183,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28208 "dtrain.h"
+#line 28187 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28697,7 +28676,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28701 "dtrain.h"
+#line 28680 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29246,7 +29225,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29250 "dtrain.h"
+#line 29229 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -29752,7 +29731,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 29756 "dtrain.h"
+#line 29735 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31301,7 +31280,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31305 "dtrain.h"
+#line 31284 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31355,7 +31334,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31359 "dtrain.h"
+#line 31338 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32533,7 +32512,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32537 "dtrain.h"
+#line 32516 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33436,7 +33415,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33440 "dtrain.h"
+#line 33419 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34914,7 +34893,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34918 "dtrain.h"
+#line 34897 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35303,7 +35282,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35307 "dtrain.h"
+#line 35286 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35452,7 +35431,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35456 "dtrain.h"
+#line 35435 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -494,15 +494,6 @@ __global__ static void dtr__cuda_store_sum_k(const double *sum, float *y, double
     if (threadIdx.x == 0 && blockIdx.x == 0) y[0] = (float)(div != 1.0 ? sum[0] / div : sum[0]);
 }
 
-static void dtr__cuda_axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
-    int d;
-    *outer = 1;
-    *inner = 1;
-    for (d = 0; d < axis; d++) *outer *= x->shape[d];
-    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
-    *len = x->shape[axis];
-}
-
 /* A sum over everything (kind: plain, squares of a, squares of a - b) into y[0] (f32), / div. */
 static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int kind, dtr__cuda_mem a, dtr__cuda_mem b,
                                    int64_t n, float *y, double div) {
@@ -520,7 +511,7 @@ static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
         return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_PLAIN, x, dtr__cuda_mem_of(NULL), n, dtr__f32(nd->out),
                                 nd->op == DTR_OP_MEAN_ALL ? (double)n : 1.0);
     }
-    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
     if (outer * inner == 0) return DTR_OK;
     dtr__cuda_reduce_axis_k<<<dtr__cuda_grid(outer * inner), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         x, y, outer, len, inner, nd->op == DTR_OP_MEAN);
@@ -529,15 +520,11 @@ static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- the largest value along an axis (MAX: values, kept indices; ARGMAX: i32 indices) ---- */
 
-/* one thread per (outer, inner) position: the first largest of its len values, a NaN wins (the CPU's scan) */
+/* one thread per (outer, inner) position: the shared scan (dtr__f_argmax) over its len values */
 __global__ static void dtr__cuda_argmax_k(const float *x, float *y, int32_t *idx, int64_t outer, int64_t len, int64_t inner) {
     DTR__CUDA_FOR(t, outer * inner) {
-        const float *xs = x + (t / inner) * len * inner + t % inner;
-        float best = xs[0];
-        int32_t bi = 0;
-        for (int64_t k = 1; k < len && best == best; k++)
-            if (dtr__f_max_takes(xs[k * inner], best)) best = xs[k * inner], bi = (int32_t)k;
-        idx[t] = bi;
+        float best;
+        idx[t] = dtr__f_argmax(x + (t / inner) * len * inner + t % inner, len, inner, &best);
         if (y) y[t] = best;
     }
 }
@@ -552,7 +539,7 @@ static dtr_result dtr__cuda_argmax_fwd(dtr_context *ctx, dtr__node *nd) {
     int max = nd->op == DTR_OP_MAX;
     if (max && !(nd->saved = dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(int32_t)))) return ctx->status;
     if (n == 0) return DTR_OK;
-    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
     dtr__cuda_argmax_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         (const float *)dtr__data(nd->in[0]), max ? dtr__f32(nd->out) : NULL, max ? (int32_t *)nd->saved : (int32_t *)dtr__data(nd->out),
         outer, len, inner);
@@ -563,7 +550,7 @@ static dtr_result dtr__cuda_argmax_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]);
     int64_t outer, len, inner, n = dtr_tensor_numel(nd->out);
     if (!gx || nd->op != DTR_OP_MAX || n == 0) return DTR_OK;
-    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
     dtr__cuda_argmax_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(nd->out->grad, (const int32_t *)nd->saved,
                                                                                           gx, len, inner, n);
     return dtr__cuda_launched(ctx, nd);
@@ -587,7 +574,7 @@ static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
         len = n;
         sc = 1.0f;
     } else {
-        dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+        dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
         sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
     }
     dtr__cuda_reduce_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
@@ -937,19 +924,11 @@ __global__ static void dtr__cuda_gather_bwd_k(const float *g, const int32_t *id,
     }
 }
 
-static void dtr__cuda_gather_dims(const dtr__node *nd, int64_t *outer, int64_t *L, int64_t *M, int64_t *inner) {
-    const dtr_tensor *x = nd->in[0];
-    *outer = *inner = 1;
-    for (int d = 0; d < nd->p.axis; d++) *outer *= x->shape[d];
-    for (int d = nd->p.axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
-    *L = x->shape[nd->p.axis];
-    *M = nd->in[1]->shape[nd->p.axis];
-}
-
 static dtr_result dtr__cuda_gather_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t outer, L, M, inner, n = dtr_tensor_numel(nd->out);
     if (n == 0) return DTR_OK;
-    dtr__cuda_gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &L, &inner);
+    M = nd->in[1]->shape[nd->p.axis];
     dtr__cuda_gather_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         (const float *)dtr__data(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__f32(nd->out), L, M, inner, n,
         dtr__cuda(ctx)->err_dev);
@@ -960,7 +939,8 @@ static dtr_result dtr__cuda_gather_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t outer, L, M, inner;
     float *gx = dtr__gradof(nd->in[0]);
     if (!gx || dtr_tensor_numel(nd->out) == 0) return DTR_OK;
-    dtr__cuda_gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &L, &inner);
+    M = nd->in[1]->shape[nd->p.axis];
     dtr__cuda_gather_bwd_k<<<dtr__cuda_grid(outer * inner), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         nd->out->grad, (const int32_t *)dtr__data(nd->in[1]), gx, L, M, inner, outer * inner);
     return dtr__cuda_launched(ctx, nd);
@@ -1423,7 +1403,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1427 "dtrain_cuda.cu"
+#line 1407 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1896,7 +1876,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1900 "dtrain_cuda.cu"
+#line 1880 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2351,7 +2331,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2355 "dtrain_cuda.cu"
+#line 2335 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2738,7 +2718,7 @@ static dtr_result dtr__cuda_upsample_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->out->grad, gx, x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2742 "dtrain_cuda.cu"
+#line 2722 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3611,7 +3591,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3615 "dtrain_cuda.cu"
+#line 3595 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -4112,5 +4092,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4116 "dtrain_cuda.cu"
+#line 4096 "dtrain_cuda.cu"
 

@@ -335,6 +335,17 @@ DTR__HD void dtr__f_bn_running(float *rm, float *rv, double m, double v, int64_t
 /** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
  *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
 DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }
+/** The index of the largest of n values x[0], x[stride], ..., x[(n - 1) stride] (the first of
+ *  ties; a NaN wins and ends the scan), its value in *best: max and argmax on the CPU and CUDA. */
+DTR__HD int32_t dtr__f_argmax(const float *x, int64_t n, int64_t stride, float *best) {
+    float b = x[0];
+    int32_t bi = 0;
+    int64_t k;
+    for (k = 1; k < n && b == b; k++)
+        if (dtr__f_max_takes(x[k * stride], b)) b = x[k * stride], bi = (int32_t)k;
+    *best = b;
+    return bi;
+}
 
 /* ---- optimizer element updates ---- */
 

@@ -140,6 +140,15 @@ static inline void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int
     *N = x->shape[0], *C = x->shape[1], *S = 1;
     for (d = 2; d < x->ndim; d++) *S *= x->shape[d];
 }
+/** x viewed as (outer, len, inner) around `axis` (reductions, max, gather): the CPU's and CUDA's
+ *  kernels alike. */
+static inline void dtr__axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    int d;
+    *outer = *inner = 1;
+    for (d = 0; d < axis; d++) *outer *= x->shape[d];
+    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *len = x->shape[axis];
+}
 /** 1 when t's storage went back to the arena's spares (release_activations). */
 static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->flags & DTR__RELEASED) != 0; }
 

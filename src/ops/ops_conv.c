@@ -56,19 +56,24 @@ static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float
             }
 }
 
-/* Stride 1 along the width (any padding, dilation, height stride): for tap (ki, kj) output
- * column oj reads input column oj - PW + kj DW, so each output row is one contiguous run of
- * the input row between zero margins [0, j0) and [j1, Wo). Same results as the reference
- * loops (copies and the same order of additions), without per-element bounds checks. */
-static void dtr__conv_s1_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
-    int64_t a = g->PW - kj * g->DW, b = g->W + g->PW - kj * g->DW;   /* valid oj: a <= oj < b */
-    *j0 = a < 0 ? 0 : (a > g->Wo ? g->Wo : a);
-    *j1 = b > g->Wo ? g->Wo : (b < *j0 ? *j0 : b);
+/* The output columns [*j0, *j1) whose input column oj SW - PW + kj DW (tap kj) lies inside the
+ * row. With stride 1 along the width (any padding, dilation, height stride) each output row is
+ * then one contiguous run of the input row between zero margins [0, j0) and [j1, Wo): the
+ * fast im2col / col2im below give the reference loops' results (copies and the same order of
+ * additions) without per-element bounds checks; the depthwise loops use it at any stride. */
+static void dtr__conv_valid_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
+    int64_t lo = g->PW - kj * g->DW, hi = g->W - 1 + g->PW - kj * g->DW;
+    *j0 = lo <= 0 ? 0 : (lo + g->SW - 1) / g->SW;
+    *j1 = hi < 0 ? 0 : hi / g->SW + 1;
+    if (*j0 > g->Wo) *j0 = g->Wo;
+    if (*j1 > g->Wo) *j1 = g->Wo;
+    if (*j1 < *j0) *j1 = *j0;
 }
 
-/* d[0..n) = s[0..n) and d[0..n) += s[0..n) for the short runs of im2col / col2im: 8 at a
- * time through a local array, which compilers turn into vector loads and stores at -O2
- * (a memcpy call costs more than the copy for runs of 10 to 30 floats). */
+/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of im2col / col2im (w 1: the
+ * bits of an add) and the depthwise rows: 8 at a time through a local array, which compilers
+ * turn into vector loads and stores at -O2 (a memcpy call costs more than the copy for runs of
+ * 10 to 30 floats). */
 static void dtr__conv_copy(float *d, const float *s, int64_t n) {
     int64_t i;
     int k;
@@ -80,16 +85,16 @@ static void dtr__conv_copy(float *d, const float *s, int64_t n) {
     for (; i < n; i++) d[i] = s[i];
 }
 
-static void dtr__conv_add(float *d, const float *s, int64_t n) {
+static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     int64_t i;
     int k;
     for (i = 0; i + 8 <= n; i += 8) {
         float t[8], u[8];
         for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
-        for (k = 0; k < 8; k++) t[k] += u[k];
+        for (k = 0; k < 8; k++) t[k] += w * u[k];
         for (k = 0; k < 8; k++) d[i + k] = t[k];
     }
-    for (; i < n; i++) d[i] += s[i];
+    for (; i < n; i++) d[i] += w * s[i];
 }
 
 static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
@@ -99,7 +104,7 @@ static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                dtr__conv_s1_cols(g, kj, &j0, &j1);
+                dtr__conv_valid_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     float *r = row + oi * g->Wo;
@@ -118,14 +123,14 @@ static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                dtr__conv_s1_cols(g, kj, &j0, &j1);
+                dtr__conv_valid_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     const float *r = row + oi * g->Wo + j0;
                     float *d;
                     if (ii < 0 || ii >= g->H || j1 <= j0) continue;
                     d = gx + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW);   /* input column of output column j0 */
-                    dtr__conv_add(d, r, j1 - j0);
+                    dtr__conv_axpy(d, r, 1.0f, j1 - j0);
                 }
             }
 }
@@ -376,19 +381,6 @@ static float dtr__conv_sum(const float *x, int64_t n) {
 
 /* ---- depthwise (groups = C = O): direct loops over each plane, no columns ---- */
 
-/* d[0..n) += w s[0..n), 8 at a time through local arrays (vector code at -O2, as dtr__conv_add) */
-static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8], u[8];
-        for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
-        for (k = 0; k < 8; k++) t[k] += w * u[k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] += w * s[i];
-}
-
 /* the sum of a[i] b[i] over [0, n) in dtr__conv_sum's order (8 running sums: one SIMD register) */
 static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
@@ -401,22 +393,13 @@ static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* the output columns [*j0, *j1) whose input column oj SW - PW + kj DW is inside the row */
-static void dtr__dw_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
-    int64_t lo = g->PW - kj * g->DW, hi = g->W - 1 + g->PW - kj * g->DW;
-    *j0 = lo <= 0 ? 0 : (lo + g->SW - 1) / g->SW;
-    *j1 = hi < 0 ? 0 : hi / g->SW + 1;
-    if (*j1 > g->Wo) *j1 = g->Wo;
-    if (*j1 < *j0) *j1 = *j0;
-}
-
 /* Tap (ki, kj) of one plane: mode 0 y += w x (a = x, b = y), 1 gx += w gy (a = gy, b = gx);
  * mode 2 returns the sum of gy x over the tap's pairs (a = gy, b = x), each row's in f32 and
  * the rows' in double. x's rows and columns: ii = oi SH - PH + ki DH, jj = oj SW - PW + kj DW. */
 static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
     int64_t oi, oj, j0, j1, d = kj * g->DW - g->PW, S = g->SW;
     double sum = 0.0;
-    dtr__dw_cols(g, kj, &j0, &j1);
+    dtr__conv_valid_cols(g, kj, &j0, &j1);
     for (oi = 0; oi < g->Ho && j1 > j0; oi++) {
         int64_t ii = oi * g->SH - g->PH + ki * g->DH, n = j1 - j0;
         const float *ra;
@@ -478,14 +461,13 @@ static int dtr__conv_depthwise(const dtr__conv_geom *g) { return g->G > 1 && g->
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
     dtr__conv_job_of(ctx, nd, &j);
-    if (dtr__conv_depthwise(&j.g)) {
-        j.img = dtr__f32(nd->in[0]), j.prod = dtr__f32(nd->out), j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
-        return DTR_OK;
-    }
     j.img = dtr__f32(nd->in[0]);
     j.prod = dtr__f32(nd->out);
     j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    if (dtr__conv_depthwise(&j.g)) {
+        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
+        return DTR_OK;
+    }
     /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
     j.keep_cols = nd->taped;
     if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
@@ -528,9 +510,10 @@ static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     }
 }
 
-static void dtr__conv_run_w(const dtr__conv_job *j) {
+static void dtr__conv_run_w(dtr__conv_job *j) {
     int64_t ckk = j->g.C / j->g.G * j->g.KH * j->g.KW;
-    dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, (void *)j);
+    j->split_cols = j->g.O < ckk;
+    dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, j);
 }
 
 /* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
@@ -572,7 +555,6 @@ dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     j.col = (float *)nd->saved;
     j.gw = dtr__gradof(nd->in[1]);
     j.gb = dtr__gradof(nd->in[2]);
-    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
     if (j.gw || j.gb) dtr__conv_run_w(&j);
     j.gimg = dtr__gradof(nd->in[0]);
     return j.gimg ? dtr__conv_run_x(ctx, &j) : DTR_OK;
@@ -620,7 +602,6 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     if (!j.gw) return DTR_OK;
     j.gprod = dtr__f32(nd->in[0]);
-    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
     dtr__conv_run_w(&j);
     return DTR_OK;
 }

@@ -334,15 +334,6 @@ dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) { r
 dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x) { return dtr__reduce(ctx, DTR_OP_SUM_ALL, "dtr_sum_all", x, 0, 0); }
 dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x) { return dtr__reduce(ctx, DTR_OP_MEAN_ALL, "dtr_mean_all", x, 0, 0); }
 
-/* x viewed as (outer, len, inner) around `axis`. */
-static void dtr__axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
-    int d;
-    *outer = 1; *inner = 1;
-    for (d = 0; d < axis; d++) *outer *= x->shape[d];
-    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
-    *len = x->shape[axis];
-}
-
 dtr_result dtr__cpu_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
     const float *x = dtr__f32(nd->in[0]);
     float *y = dtr__f32(nd->out);
@@ -428,16 +419,12 @@ static void dtr__argmax_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__node *nd = (const dtr__node *)arg;
     const float *x = dtr__f32(nd->in[0]);
     int32_t *idx = nd->op == DTR_OP_MAX ? (int32_t *)nd->saved : dtr__i32(nd->out);
-    int64_t outer, len, inner, t, k;
+    int64_t outer, len, inner, t;
     (void)worker;
     dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
     for (t = b; t < e; t++) {
-        const float *xs = x + (t / inner) * len * inner + t % inner;
-        float best = xs[0];
-        int32_t bi = 0;
-        for (k = 1; k < len && best == best; k++)
-            if (dtr__f_max_takes(xs[k * inner], best)) best = xs[k * inner], bi = (int32_t)k;
-        idx[t] = bi;
+        float best;
+        idx[t] = dtr__f_argmax(x + (t / inner) * len * inner + t % inner, len, inner, &best);
         if (nd->op == DTR_OP_MAX) dtr__f32(nd->out)[t] = best;
     }
 }

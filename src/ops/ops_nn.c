@@ -378,23 +378,13 @@ dtr_tensor *dtr_gather(dtr_context *ctx, dtr_tensor *x, int axis, dtr_tensor *in
     return dtr__record(ctx, n, "dtr_gather");
 }
 
-/* the node's (outer, L, inner) around its axis and M, the index's length there */
-static void dtr__gather_dims(const dtr__node *nd, int64_t *outer, int64_t *L, int64_t *M, int64_t *inner) {
-    const dtr_tensor *x = nd->in[0];
-    int d;
-    *outer = *inner = 1;
-    for (d = 0; d < nd->p.axis; d++) *outer *= x->shape[d];
-    for (d = nd->p.axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
-    *L = x->shape[nd->p.axis];
-    *M = nd->in[1]->shape[nd->p.axis];
-}
-
 dtr_result dtr__cpu_gather_fwd(dtr_context *ctx, dtr__node *nd) {
     const float *x = dtr__f32(nd->in[0]);
     const int32_t *id = dtr__i32(nd->in[1]);
     float *y = dtr__f32(nd->out);
     int64_t outer, L, M, inner, t, n = dtr_tensor_numel(nd->out);
-    dtr__gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &L, &inner);
+    M = nd->in[1]->shape[nd->p.axis];
     for (t = 0; t < n; t++)
         if (id[t] < 0 || id[t] >= L)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_gather: index %lld is %d, outside [0, %lld)", (long long)t, (int)id[t],
@@ -410,7 +400,8 @@ dtr_result dtr__cpu_gather_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t outer, L, M, inner, t, n = dtr_tensor_numel(nd->out);
     (void)ctx;
     if (!gx) return DTR_OK;
-    dtr__gather_dims(nd, &outer, &L, &M, &inner);
+    dtr__axis_split(nd->in[0], nd->p.axis, &outer, &L, &inner);
+    M = nd->in[1]->shape[nd->p.axis];
     for (t = 0; t < n; t++) gx[((t / inner / M) * L + id[t]) * inner + t % inner] += nd->out->grad[t];
     return DTR_OK;
 }
