@@ -633,6 +633,21 @@ DTR_API dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *
  *  dtr_lstm_layer uses it (one kernel a step instead of a dozen ops). DTR_SHAPE_MISMATCH for
  *  a last axis not 4H or c not (..., H). Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dtr_tensor **c_out);
+/** A whole LSTM recurrence as one op (as cuDNN and oneDNN run one): gx (T, B, 4H), time-major,
+ *  the input's part of every step's gates (x_t W_ih^T + b_ih: one dtr_linear over all steps),
+ *  w_hh (4H, H), b_hh (4H) or NULL, h0 and c0 (B, H) or NULL (zeros). Step t's gates are
+ *  gx_t + (h_{t-1} W_hh^T + b_hh), then dtr_lstm_cell's formulas. Returns every step's h
+ *  (T, B, H) and sets *c_out to every step's c (T, B, H): views of one (T, B, 2H) output. The
+ *  values of T steps of dtr_linear, dtr_add and dtr_lstm_cell (bit for bit on the CPU) without
+ *  a node or a view a step: backward walks the steps in reverse with one GEMM a step (the
+ *  gradient of h) and one GEMM over all steps for w_hh's. Gradients reach gx, w_hh, b_hh, h0
+ *  and c0 from any step's h and c. dtr_lstm_layer_forward runs on it. 16-bit activations: the
+ *  recurrence runs in f32 inside the op and its output is rounded once.
+ *  @return NULL with the context's error: DTR_NULL_HANDLE (c_out NULL), DTR_SHAPE_MISMATCH
+ *          (w_hh not (4H, H), gx not (T, B, 4H) with T, B > 0, b_hh not (4H), h0 or c0 not
+ *          (B, H)). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0,
+                                      dtr_tensor *c0, dtr_tensor **c_out);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
@@ -4665,7 +4680,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4669 "dtrain.h"
+#line 4684 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4724,6 +4739,21 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t rsa, int64_t csa,
                const float *B, int64_t rsb, int64_t csb,
                float beta, float *C, int64_t ldc);
+/** B (K, N) packed once for several products with it (an LSTM's recurrent weight at every
+ *  step): the original operand (the fallbacks read it) and its panels, as dtr__gemm packs them. */
+typedef struct dtr__gemm_bpack {
+    const float *B;
+    int64_t rsb, csb, K, N;
+    float *packed;          /* dtr__gemm_bpack_floats(K, N) floats, or NULL: packed per call */
+} dtr__gemm_bpack;
+/** Floats of B's packed panels. */
+size_t dtr__gemm_bpack_floats(int64_t K, int64_t N);
+/** Packs B (K, N) (strides as dtr__gemm's) into mem (dtr__gemm_bpack_floats of them; NULL:
+ *  nothing packed, each product packs its own) and describes it in *b. */
+void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64_t csb, int64_t K, int64_t N, float *mem);
+/** dtr__gemm with a B packed ahead: C (M, b->N) = alpha A (M, b->K) B + beta C, the same bits. */
+void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
+                      float beta, float *C, int64_t ldc);
 /** dtr__gemm run entirely on the calling thread, which is worker `worker` of `p` (its packing
  *  buffers come from that worker's scratch). For callers that already split work
  *  over the pool. p NULL: private buffers of the calling thread. */
@@ -4860,14 +4890,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
     X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)     \
     X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax) X(GATHER, "gather", gather)                \
-    X(UPSAMPLE, "upsample_nearest", upsample)
+    X(UPSAMPLE, "upsample_nearest", upsample) X(LSTM, "lstm", lstm_seq)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 60
+#define DTR__OP_COUNT_EXPECTED 61
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -5499,6 +5529,8 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
+/** out[j] += the sum over rows r of X[r n + j] (X (rows, n) dense): a bias's gradient. */
+DTR__PRIVATE void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
@@ -5545,7 +5577,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5549 "dtrain.h"
+#line 5581 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5853,25 +5885,42 @@ DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
-/** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
- *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the arithmetic of
- *  the sigmoid, tanh, mul and add ops, in that order). */
-DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
-    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
-    *c2 = f * c + i * g;
-    *h = o * dtr__f_tanh(*c2);
+/** An LSTM cell's gate activations from their pre-activations: i, f, o sigmoids, g a tanh. */
+DTR__HD void dtr__f_lstm_gates(float ai, float af, float ag, float ao, float *i, float *f, float *g, float *o) {
+    *i = dtr__f_sigmoid(ai), *f = dtr__f_sigmoid(af), *g = dtr__f_tanh(ag), *o = dtr__f_sigmoid(ao);
 }
-/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' (i, f, g, o) and
- *  the previous cell's. */
-DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *di, float *df,
-                                   float *dg, float *dout, float *dc_prev) {
-    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
-    float c2 = f * c + i * g, t = dtr__f_tanh(c2), dc = gc + gh * o * dtr__f_tanh_grad(t);
+/** The cell from its activations and the cell before, c: c' = f c + i g, t = tanh(c'),
+ *  h = o t (the arithmetic of the mul and add ops, in that order). */
+DTR__HD void dtr__f_lstm_cell_act(float i, float f, float g, float o, float c, float *h, float *c2, float *t) {
+    *c2 = f * c + i * g;
+    *t = dtr__f_tanh(*c2);
+    *h = o * *t;
+}
+/** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
+ *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c'). */
+DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
+    float i, f, g, o, t;
+    dtr__f_lstm_gates(ai, af, ag, ao, &i, &f, &g, &o);
+    dtr__f_lstm_cell_act(i, f, g, o, c, h, c2, &t);
+}
+/** Its gradients from the activations i, f, g, o, the cell before c, t = tanh(c'), and gh (of
+ *  h) and gc (of c'): the gates' pre-activations' (i, f, g, o) and the previous cell's. */
+DTR__HD void dtr__f_lstm_cell_grad_act(float i, float f, float g, float o, float c, float t, float gh, float gc, float *di, float *df,
+                                       float *dg, float *dout, float *dc_prev) {
+    float dc = gc + gh * o * dtr__f_tanh_grad(t);
     *di = dc * g * dtr__f_sigmoid_grad(i);
     *df = dc * c * dtr__f_sigmoid_grad(f);
     *dg = dc * i * dtr__f_tanh_grad(g);
     *dout = gh * t * dtr__f_sigmoid_grad(o);
     *dc_prev = dc * f;
+}
+/** dtr__f_lstm_cell_grad_act from the pre-activations (the activations computed again). */
+DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *di, float *df,
+                                   float *dg, float *dout, float *dc_prev) {
+    float i, f, g, o, h, c2, t;
+    dtr__f_lstm_gates(ai, af, ag, ao, &i, &f, &g, &o);
+    dtr__f_lstm_cell_act(i, f, g, o, c, &h, &c2, &t);
+    dtr__f_lstm_cell_grad_act(i, f, g, o, c, t, gh, gc, di, df, dg, dout, dc_prev);
 }
 
 /** Batch norm's running statistics after a batch of cnt values a channel with mean m and
@@ -5985,7 +6034,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5989 "dtrain.h"
+#line 6038 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6047,7 +6096,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6051 "dtrain.h"
+#line 6100 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6426,7 +6475,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6430 "dtrain.h"
+#line 6479 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6469,7 +6518,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6473 "dtrain.h"
+#line 6522 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6503,7 +6552,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6507 "dtrain.h"
+#line 6556 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6562,7 +6611,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6566 "dtrain.h"
+#line 6615 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6636,7 +6685,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6640 "dtrain.h"
+#line 6689 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6704,7 +6753,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6708 "dtrain.h"
+#line 6757 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6779,7 +6828,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6783 "dtrain.h"
+#line 6832 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7131,7 +7180,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7135 "dtrain.h"
+#line 7184 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7710,6 +7759,7 @@ typedef struct dtr__gemm_job {
     const float *A; int64_t rsa, csa;
     const float *B; int64_t rsb, csb;
     float *C; int64_t ldc;
+    const float *bpre;          /* B packed ahead (dtr__gemm_bpack), or NULL: packed per block */
     int split_n;                /* work units: NR-column panels (1) or MR-row panels (0) */
     dtr__pool *pool;            /* NULL: a private buffer of the exact size */
 } dtr__gemm_job;
@@ -7740,13 +7790,14 @@ static void dtr__gemm_slab(const dtr__gemm_job *j, int64_t m0, int64_t m1, int64
             int64_t kb = dtr__gemm_min64(j->kc, j->K - pc);
             int load_c = pc > 0 || j->beta != 0.0f;
             float beta = pc > 0 ? 1.0f : j->beta;
-            kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
+            const float *bblock = j->bpre ? j->bpre + pc * dtr__gemm_ceil(j->N, kn->nr) * kn->nr + jc * kb : bpack;
+            if (!j->bpre) kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
             for (ic = m0; ic < m1; ic += j->mc) {
                 int64_t mb = dtr__gemm_min64(j->mc, m1 - ic);
                 kn->pack_a(j->A + ic * j->rsa + pc * j->csa, j->rsa, j->csa, mb, kb, kn->mr, apack);
                 for (jr = 0; jr < nb; jr += kn->nr) {
                     int nv = (int)dtr__gemm_min64(kn->nr, nb - jr);
-                    const float *bp = bpack + jr * kb;
+                    const float *bp = bblock + jr * kb;
                     for (ir = 0; ir < mb; ir += kn->mr) {
                         int mv = (int)dtr__gemm_min64(kn->mr, mb - ir);
                         kn->ukr(kb, apack + ir * kb, bp, j->C + (ic + ir) * j->ldc + jc + jr, j->ldc,
@@ -7850,6 +7901,10 @@ static int dtr__gemm_cblas(int64_t M, int64_t N, int64_t K, float alpha,
 
 /* ---- entry points ---- */
 
+/** The K block of a product of depth K: blocks of near-equal size (a function of K only: fixes
+ *  the summation order). */
+static int64_t dtr__gemm_kc(const dtr__gemm_kernel *kn, int64_t K) { return dtr__gemm_ceil(K, dtr__gemm_ceil(K, kn->kc)); }
+
 /** Fills the job for a call (kernel, K/M/N blocks). Returns 0 when nothing more is to be done
  *  (empty C, K == 0 or alpha == 0 handled here, or cblas took the call). */
 static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
@@ -7857,7 +7912,6 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
                            const float *B, int64_t rsb, int64_t csb,
                            float beta, float *C, int64_t ldc) {
     const dtr__gemm_kernel *kn;
-    int64_t nkb;
     if (M <= 0 || N <= 0) return 0;
     if (K <= 0 || alpha == 0.0f) {
         dtr__gemm_scale_c(M, N, beta, C, ldc);
@@ -7875,9 +7929,7 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
     j->B = B; j->rsb = rsb; j->csb = csb;
     j->C = C; j->ldc = ldc;
     j->pool = p;
-    /* K blocks of near-equal size (a function of K only: fixes the summation order) */
-    nkb = dtr__gemm_ceil(K, kn->kc);
-    j->kc = dtr__gemm_ceil(K, nkb);
+    j->kc = dtr__gemm_kc(kn, K);
     j->mc = dtr__gemm_min64(kn->mc, dtr__gemm_ceil(M, kn->mr) * kn->mr);
     j->nc = dtr__gemm_min64(kn->nc, dtr__gemm_ceil(N, kn->nr) * kn->nr);
     return 1;
@@ -7901,22 +7953,18 @@ static void dtr__gemm_serial_private(dtr__gemm_job *j) {
     dtr__free(NULL, raw);
 }
 
-void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
-               const float *A, int64_t rsa, int64_t csa,
-               const float *B, int64_t rsb, int64_t csb,
-               float beta, float *C, int64_t ldc) {
-    dtr__gemm_job j;
-    const dtr__gemm_kernel *kn;
-    int64_t units, grain, a_floats;
+/** Runs a set-up job: over the pool's threads, or serially without a pool. */
+static void dtr__gemm_run(dtr__pool *p, dtr__gemm_job *jp) {
+    dtr__gemm_job j = *jp;
+    const dtr__gemm_kernel *kn = j.kern;
+    int64_t units, grain, a_floats, M = j.M, N = j.N, K = j.K;
     double flops;
     int threads, use, chunks, w;
     size_t floats;
-    if (!dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return;
     if (!p) {
         dtr__gemm_serial_private(&j);
         return;
     }
-    kn = j.kern;
     /* threads: split the larger of M and N into slabs of whole panels */
     threads = dtr__pool_threads(p);
     flops = 2.0 * (double)M * (double)N * (double)K;
@@ -7932,12 +7980,41 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
     floats = dtr__gemm_buf_floats(&j, 0, &a_floats);
     for (w = 0; w < chunks; w++) {
         if (!dtr__pool_scratch(p, w, floats * sizeof(float))) {
-            dtr__gemm_naive(M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc);
+            dtr__gemm_naive(M, N, K, j.alpha, j.A, j.rsa, j.csa, j.B, j.rsb, j.csb, j.beta, j.C, j.ldc);
             return;
         }
     }
     /* one chunk runs inline (with the calling thread's worker index when nested) */
     dtr__pool_run(p, units, chunks <= 1 ? units : grain, dtr__gemm_task, &j);
+}
+
+void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
+               const float *A, int64_t rsa, int64_t csa,
+               const float *B, int64_t rsb, int64_t csb,
+               float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run(p, &j);
+}
+
+size_t dtr__gemm_bpack_floats(int64_t K, int64_t N) {
+    const dtr__gemm_kernel *kn = dtr__gemm_pick();
+    return (size_t)(K > 0 ? K : 0) * (size_t)(dtr__gemm_ceil(N > 0 ? N : 0, kn->nr) * kn->nr);
+}
+
+void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64_t csb, int64_t K, int64_t N, float *mem) {
+    const dtr__gemm_kernel *kn = dtr__gemm_pick();
+    int64_t kc = dtr__gemm_kc(kn, K), pc, npad = dtr__gemm_ceil(N, kn->nr) * kn->nr;
+    b->B = B, b->rsb = rsb, b->csb = csb, b->K = K, b->N = N, b->packed = mem;
+    for (pc = 0; mem && pc < K; pc += kc)   /* each K block's NR-wide panels, as dtr__gemm_slab packs them */
+        kn->pack_b(B + pc * rsb, rsb, csb, dtr__gemm_min64(kc, K - pc), N, kn->nr, mem + pc * npad);
+}
+
+void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
+                      float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (!dtr__gemm_setup(&j, p, M, b->N, b->K, alpha, A, rsa, csa, b->B, b->rsb, b->csb, beta, C, ldc)) return;
+    j.bpre = b->packed;
+    dtr__gemm_run(p, &j);
 }
 
 void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,
@@ -7955,7 +8032,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7959 "dtrain.h"
+#line 8036 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8630,7 +8707,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8634 "dtrain.h"
+#line 8711 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8721,7 +8798,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8725 "dtrain.h"
+#line 8802 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9203,7 +9280,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9207 "dtrain.h"
+#line 9284 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9458,7 +9535,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9462 "dtrain.h"
+#line 9539 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9691,7 +9768,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9695 "dtrain.h"
+#line 9772 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9810,7 +9887,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9814 "dtrain.h"
+#line 9891 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9866,7 +9943,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9870 "dtrain.h"
+#line 9947 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10263,7 +10340,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10267 "dtrain.h"
+#line 10344 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10322,11 +10399,12 @@ static int dtr__bwd_reads_no_data(int op) {
 }
 
 /* ops whose backward kernel reads its output's values (tanh', sigmoid', exp' and sqrt' from y,
-   softmax's and attention's backward; the tensor-parallel ops copy every tensor of the node) */
+   softmax's and attention's backward, the LSTM sequence's earlier steps' h and c; the
+   tensor-parallel ops copy every tensor of the node) */
 static int dtr__bwd_reads_out(int op) {
     return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_EXP || op == DTR_OP_SQRT || op == DTR_OP_SOFTMAX ||
            op == DTR_OP_LOG_SOFTMAX || op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY ||
-           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY;
+           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY || op == DTR_OP_LSTM;
 }
 
 /* 1 when t is 16-bit and the kernel (forward: bwd 0) reads or writes its values: in[i] (out: -1) */
@@ -10526,7 +10604,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10530 "dtrain.h"
+#line 10608 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11090,7 +11168,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11094 "dtrain.h"
+#line 11172 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11254,22 +11332,25 @@ dtr_result dtr__cpu_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->in[2];
-    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1), r, j;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
     const float *G = nd->out->grad;
     float *gx = dtr__gradof(x), *gw = dtr__gradof(w), *gb = dtr__gradof(bias);
     /* dX (R, in) += G (R, out) W (out, in) */
     if (gx) dtr__gemm(ctx->pool, R, in, out, 1.0f, G, out, 1, dtr__f32(w), in, 1, 1.0f, gx, in);
     /* dW (out, in) += G^T (out, R) X (R, in) */
     if (gw) dtr__gemm(ctx->pool, out, in, R, 1.0f, G, 1, out, dtr__f32(x), in, 1, 1.0f, gw, in);
-    if (gb) {
-        for (r = 0; r < R; r++) {
-            const float *g = G + r * out;
-            for (j = 0; j < out; j++) gb[j] += g[j];
-        }
-    }
+    if (gb) dtr__rows_sum_into(G, R, out, gb);
     return DTR_OK;
 }
-#line 11273 "dtrain.h"
+
+void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
+    int64_t r;
+    for (r = 0; r < rows; r++) {
+        const float *x = X + r * n;
+        DTR__ELEMENTWISE(0, n, out[i] += x[i]);
+    }
+}
+#line 11354 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12112,44 +12193,70 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
-typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H, rows; } dtr__lstm_job;
+/* One cell pass over rows [b, e) (src/core/formulas.h's formulas at every unit, as element-wise
+   blocks: the loops vectorise, compiled again for AVX2 below). Forward: gates a (rows, 4H) (with
+   gx: a = gx + (a + bias) where a holds h W^T (hh 1), else gx + bias; bias may be NULL), the
+   cell before c (row stride ldc) or NULL (zeros),
+   y = [h | c'] (row stride 2H); with ts, the gates' activations replace a and tanh(c') goes to
+   ts (rows, H), for a backward without transcendentals. Backward from g = [gh | gc] (row stride
+   2H), a being pre-activations (ts NULL) or activations with ts: the gates' gradients added
+   into ga (rows, 4H) (written, with ts), the previous cell's into gc (row stride ldgc). */
+typedef struct dtr__lstm_job {
+    float *a, *y, *ga, *gc, *ts;
+    const float *gx, *bias, *c, *g;
+    int64_t H, ldc, ldgc;
+    int hh;
+} dtr__lstm_job;
 
-/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit, as element-wise
-   blocks (the loop vectorises; compiled again for AVX2 below) */
+/* the gates' pre-activations of a row: gx + (h W^T + bias), each part optional but gx */
+DTR__SIMD_BODY void dtr__lstm_gates_in(float *a, const float *gx, const float *bias, int hh, int64_t n) {
+    if (hh && bias) DTR__ELEMENTWISE(0, n, a[i] = gx[i] + (a[i] + bias[i]));
+    else if (hh) DTR__ELEMENTWISE(0, n, a[i] = gx[i] + a[i]);
+    else if (bias) DTR__ELEMENTWISE(0, n, a[i] = gx[i] + bias[i]);
+    else memcpy(a, gx, (size_t)n * sizeof(float));
+}
+
 DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
-    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL;
-    float *y = dtr__f32(j->nd->out);
     int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *cr = c ? c + r * H : NULL;
-        float *h = y + r * 2 * H, *c2 = h + H;
-        if (cr) DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i]));
-        else DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i]));
+        float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *h = j->y + r * 2 * H, *c2 = h + H, *t = j->ts;
+        const float *cr = j->c ? j->c + r * j->ldc : NULL, *gr = j->gx ? j->gx + r * 4 * H : NULL;
+        if (gr) dtr__lstm_gates_in(ai, gr, j->bias, j->hh, 4 * H);
+        if (t) {
+            t += r * H;
+            DTR__ELEMENTWISE(0, H, dtr__f_lstm_gates(ai[i], af[i], ag[i], ao[i], &ai[i], &af[i], &ag[i], &ao[i]));
+            if (cr) DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell_act(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i], &t[i]));
+            else DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell_act(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i], &t[i]));
+        } else if (cr) {
+            DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i]));
+        } else {
+            DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i]));
+        }
     }
 }
 
-/* gates' gradients written into the dense scratch d (R, 4H), c's into dc (R, H), then added */
 DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
-    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL, *g = j->nd->out->grad;
-    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]);
     int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *gh = g + r * 2 * H, *gcr = gh + H;
-        float di[64], df[64], dg[64], dout[64], dcp[64];
+        const float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *gh = j->g + r * 2 * H, *gcr = gh + H;
+        const float *c = j->c ? j->c + r * j->ldc : NULL, *t = j->ts ? j->ts + r * H : NULL;
+        float di[64], df[64], dg[64], dout[64], dcp[64], *q = j->ga ? j->ga + r * 4 * H : NULL, *gc = j->gc ? j->gc + r * j->ldgc : NULL;
         int64_t k0, k, n;
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
             n = H - k0 < 64 ? H - k0 : 64;
-            DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[r * H + k0 + i] : 0.0f,
-                                                         gh[k0 + i], gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
-            for (k = 0; ga && k < n; k++) {
-                float *q = ga + r * 4 * H + k0 + k;
-                q[0] += di[k], q[H] += df[k], q[2 * H] += dg[k], q[3 * H] += dout[k];
-            }
-            for (k = 0; gc && k < n; k++) gc[r * H + k0 + k] += dcp[k];
+            if (t)
+                DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad_act(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[k0 + i] : 0.0f,
+                                                             t[k0 + i], gh[k0 + i], gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
+            else
+                DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[k0 + i] : 0.0f, gh[k0 + i],
+                                                             gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
+            for (k = 0; q && t && k < n; k++) q[k0 + k] = di[k], q[H + k0 + k] = df[k], q[2 * H + k0 + k] = dg[k], q[3 * H + k0 + k] = dout[k];
+            for (k = 0; q && !t && k < n; k++) q[k0 + k] += di[k], q[H + k0 + k] += df[k], q[2 * H + k0 + k] += dg[k], q[3 * H + k0 + k] += dout[k];
+            for (k = 0; gc && k < n; k++) gc[k0 + k] += dcp[k];
         }
     }
 }
@@ -12159,24 +12266,192 @@ static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__l
 DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
-static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
+/* the cell's forward (bwd 0) or backward over `rows` rows, on the pool */
+static void dtr__lstm_run(dtr_context *ctx, dtr__lstm_job *j, int64_t rows, int bwd) {
+    dtr__task_fn fn = bwd ? (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)
+                          : (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range);
+    dtr__pool_run(ctx->pool, rows, 8, fn, j);
+}
+
+/* the cell op's job: gates in[0], c in[1] (both dense), y = [h | c'] */
+static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd, int64_t *rows) {
     dtr__lstm_job j;
-    j.nd = nd;
+    memset(&j, 0, sizeof j);
     j.H = nd->out->shape[nd->out->ndim - 1] / 2;
-    j.rows = j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0;
+    *rows = j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0;
+    j.a = dtr__f32(nd->in[0]), j.c = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, j.ldc = j.ldgc = j.H;
+    j.y = dtr__f32(nd->out), j.g = nd->out->grad;
+    j.ga = dtr__gradof(nd->in[0]), j.gc = dtr__gradof(nd->in[1]);
     return j;
 }
 
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_job j = dtr__lstm_job_of(nd);
-    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range, &j);
+    int64_t rows;
+    dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
+    dtr__lstm_run(ctx, &j, rows, 0);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_job j = dtr__lstm_job_of(nd);
-    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
-    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range, &j);
+    int64_t rows;
+    dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
+    if (j.ga || j.gc) dtr__lstm_run(ctx, &j, rows, 1);
+    return DTR_OK;
+}
+
+/* ---- LSTM over a sequence: gx (T, B, 4H), w_hh (4H, H), b_hh (4H), h0, c0 (B, H) (the last
+ * three optional) -> y (T, B, 2H), [h_t | c_t] at each step. When taped, the forward keeps
+ * every step's gate activations (T, B, 4H) and tanh(c_t) (T, B, H) (else one step's scratch). ---- */
+
+/* 1 when gx is (T, B, 4H) for w_hh (4H, H) with T, B, H > 0, b_hh (4H) and h0, c0 (B, H) or NULL;
+   else 0 with the context's error */
+static int dtr__lstm_seq_shapes_ok(dtr_context *ctx, const dtr_tensor *gx, const dtr_tensor *w, const dtr_tensor *b, const dtr_tensor *h0,
+                                   const dtr_tensor *c0) {
+    char s1[96], s2[96];
+    int64_t H = w->ndim == 2 ? w->shape[1] : 0;
+    const dtr_tensor *st = h0 && !(h0->ndim == 2 && h0->shape[0] == gx->shape[1] && h0->shape[1] == H) ? h0 : c0;
+    if (H == 0 || w->shape[0] != 4 * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: w_hh is %s, not (4H, H) with H > 0", dtr__shape_str(w, s1, sizeof s1)), 0;
+    if (gx->ndim != 3 || gx->shape[0] == 0 || gx->shape[1] == 0 || gx->shape[2] != 4 * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: gx is %s, not (T, B, %lld) with T, B > 0",
+                         dtr__shape_str(gx, s1, sizeof s1), (long long)(4 * H)), 0;
+    if (b && !(b->ndim == 1 && b->shape[0] == 4 * H))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: b_hh is %s, not (%lld)", dtr__shape_str(b, s1, sizeof s1),
+                         (long long)(4 * H)), 0;
+    if (st && !(st->ndim == 2 && st->shape[0] == gx->shape[1] && st->shape[1] == H))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: %s is %s, not (%lld, %lld)", st == h0 ? "h0" : "c0",
+                         dtr__shape_str(st, s2, sizeof s2), (long long)gx->shape[1], (long long)H), 0;
+    return 1;
+}
+
+dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0, dtr_tensor *c0,
+                              dtr_tensor **c_out) {
+    static const char fn[] = "dtr_lstm_sequence";
+    dtr_tensor *in[5], *out;
+    int64_t shape[3], H;
+    dtr__node *n;
+    int i;
+    if (!ctx) return NULL;
+    if (c_out) *c_out = NULL;
+    if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_sequence: c_out is NULL");
+    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0;
+    for (i = 0; i < 5; i++)
+        if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], i == 0 ? "gx" : i == 1 ? "w_hh" : i == 2 ? "b_hh" : i == 3 ? "h0" : "c0"))
+            return NULL;
+    if (!dtr__lstm_seq_shapes_ok(ctx, gx, w_hh, b_hh, h0, c0)) return NULL;
+    H = w_hh->shape[1];
+    for (i = 0; i < 5; i++)
+        if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
+    if (!(n = dtr__node_new(ctx, DTR_OP_LSTM, 5, in))) return NULL;
+    shape[0] = gx->shape[0], shape[1] = gx->shape[1], shape[2] = 2 * H;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
+    if (!n->out || !(out = dtr__record(ctx, n, fn))) return NULL;
+    *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
+    return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
+}
+
+/* the sequence op's tensors as pointers */
+typedef struct dtr__lstm_seq {
+    int64_t T, B, H, G;   /* G = 4 H */
+    const float *gx, *w, *b, *h0, *c0;
+    float *y;
+} dtr__lstm_seq;
+
+static dtr__lstm_seq dtr__lstm_seq_of(const dtr__node *nd) {
+    dtr__lstm_seq s;
+    s.T = nd->out->shape[0], s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1], s.G = 4 * s.H;
+    s.gx = dtr__f32(nd->in[0]), s.w = dtr__f32(nd->in[1]);
+    s.b = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    s.h0 = nd->in[3] ? dtr__f32(nd->in[3]) : NULL;
+    s.c0 = nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.y = dtr__f32(nd->out);
+    return s;
+}
+
+/* W_hh packed once for the op's every step: as the product's B, transposed (W^T (H, 4H),
+   forward) or not (W (4H, H), backward); unpacked when the arena has no room (same bits).
+   Returns the memory to give back (NULL: none) and its size in *bytes. */
+static float *dtr__lstm_seq_pack(dtr_context *ctx, const dtr__lstm_seq *s, int transposed, dtr__gemm_bpack *wp, size_t *bytes) {
+    int64_t K = transposed ? s->H : s->G, N = transposed ? s->G : s->H;
+    float *mem;
+    *bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
+    mem = (float *)dtr__arena_data(ctx, *bytes, "dtr_lstm_sequence");
+    if (!mem) dtr_context_clear_error(ctx);
+    dtr__gemm_bpack_fill(wp, s->w, transposed ? 1 : s->H, transposed ? s->H : 1, K, N, mem);
+    return mem;
+}
+
+/* a (B, 4H) = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0); 0 when there is no h (zeros) */
+static int dtr__lstm_seq_hh(dtr_context *ctx, const dtr__lstm_seq *s, const dtr__gemm_bpack *wt, int64_t t, float *a) {
+    const float *h = t ? s->y + (t - 1) * s->B * 2 * s->H : s->h0;
+    if (h) dtr__gemm_packed(ctx->pool, s->B, 1.0f, h, t ? 2 * s->H : s->H, 1, wt, 0.0f, a, s->G);
+    return h != NULL;
+}
+
+dtr_result dtr__cpu_lstm_seq_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
+    size_t step = (size_t)(s.B * s.G) * sizeof(float), bytes = nd->taped ? (size_t)s.T * step * 5 / 4 : step, wbytes;
+    float *A = (float *)(nd->taped ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence")), *wmem;
+    dtr__gemm_bpack wt;
+    dtr__lstm_job j;
+    int64_t t;
+    if (!A) return ctx->status;
+    wmem = dtr__lstm_seq_pack(ctx, &s, 1, &wt, &wbytes);
+    if (nd->taped) nd->saved = A;
+    memset(&j, 0, sizeof j);
+    j.H = s.H, j.bias = s.b;
+    for (t = 0; t < s.T; t++) {
+        j.a = nd->taped ? A + t * s.B * s.G : A;
+        j.ts = nd->taped ? A + s.T * s.B * s.G + t * s.B * s.H : NULL;
+        j.gx = s.gx + t * s.B * s.G, j.y = s.y + t * s.B * 2 * s.H;
+        j.c = t ? j.y - s.B * 2 * s.H + s.H : s.c0, j.ldc = t ? 2 * s.H : s.H;
+        j.hh = dtr__lstm_seq_hh(ctx, &s, &wt, t, j.a);
+        dtr__lstm_run(ctx, &j, s.B, 0);
+    }
+    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
+    if (!nd->taped) dtr__arena_give_back(ctx, A, bytes);
+    return DTR_OK;
+}
+
+/* the gradients of w_hh (every step's gates' gradient dA (T, B, 4H) against the h before it)
+   and b_hh (dA's column sums) */
+static void dtr__lstm_seq_weights(dtr_context *ctx, const dtr__lstm_seq *s, const float *dA, float *gw, float *gb) {
+    int64_t H = s->H, G = s->G, B = s->B;
+    if (gw && s->T > 1) dtr__gemm(ctx->pool, G, H, (s->T - 1) * B, 1.0f, dA + B * G, 1, G, s->y, 2 * H, 1, 1.0f, gw, H);
+    if (gw && s->h0) dtr__gemm(ctx->pool, G, H, B, 1.0f, dA, 1, G, s->h0, H, 1, 1.0f, gw, H);
+    if (gb) dtr__rows_sum_into(dA, s->T * B, G, gb);
+}
+
+/* Backward, steps in reverse: g = [gh | gc] of step t (y's gradient plus what step t + 1 sent
+   back) gives dA_t; then step t - 1's g gets dA_t W_hh (its h) and the cell's dc (its c). */
+dtr_result dtr__cpu_lstm_seq_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
+    int64_t H = s.H, G = s.G, B = s.B, t, n = s.T * B * G;
+    size_t bytes = (size_t)(n + 4 * B * H) * sizeof(float), wbytes;
+    float *gx = dtr__gradof(nd->in[0]), *gh0 = dtr__gradof(nd->in[3]), *dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence");
+    float *P[2], *cur, *wmem;
+    dtr__gemm_bpack wp;
+    dtr__lstm_job j;
+    if (!dA) return ctx->status;
+    wmem = dtr__lstm_seq_pack(ctx, &s, 0, &wp, &wbytes);
+    P[0] = dA + n, P[1] = P[0] + 2 * B * H;
+    memset(&j, 0, sizeof j);
+    j.H = H;
+    memcpy(cur = P[(s.T - 1) & 1], nd->out->grad + (s.T - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
+    for (t = s.T - 1; t >= 0; t--) {
+        float *prev = t ? P[(t - 1) & 1] : NULL;
+        if (prev) memcpy(prev, nd->out->grad + (t - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
+        j.a = (float *)nd->saved + t * B * G, j.ts = (float *)nd->saved + s.T * B * G + t * B * H, j.g = cur, j.ga = dA + t * B * G;
+        j.c = t ? s.y + (t - 1) * B * 2 * H + H : s.c0, j.ldc = t ? 2 * H : H;
+        j.gc = t ? prev + H : dtr__gradof(nd->in[4]), j.ldgc = t ? 2 * H : H;
+        dtr__lstm_run(ctx, &j, B, 1);
+        if (t || gh0) dtr__gemm_packed(ctx->pool, B, 1.0f, j.ga, G, 1, &wp, 1.0f, t ? prev : gh0, t ? 2 * H : H);
+        cur = prev;
+    }
+    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += dA[i]);
+    dtr__lstm_seq_weights(ctx, &s, dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
+    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
+    dtr__arena_give_back(ctx, dA, bytes);
     return DTR_OK;
 }
 
@@ -12547,7 +12822,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12551 "dtrain.h"
+#line 12826 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13454,7 +13729,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13458 "dtrain.h"
+#line 13733 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13716,7 +13991,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13720 "dtrain.h"
+#line 13995 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14086,7 +14361,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14090 "dtrain.h"
+#line 14365 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14220,7 +14495,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14224 "dtrain.h"
+#line 14499 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14997,7 +15272,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15001 "dtrain.h"
+#line 15276 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15389,7 +15664,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15393 "dtrain.h"
+#line 15668 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15665,15 +15940,17 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15669 "dtrain.h"
+#line 15944 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
 /* ============================================================================
  * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
  * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
- * every backend; the LSTM's gates and cell as one op, dtr_lstm_cell). A sequence multiplies every step's input by weight_ih at once (one GEMM of
- * B T rows); each step then adds h W_hh^T and applies the gates. Shapes: x (B, T, I) or one
+ * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
+ * B T rows); each step then adds h W_hh^T and applies the gates: the LSTM's whole recurrence
+ * is one op (dtr_lstm_sequence, over the time-major sequence), a step one dtr_lstm_cell; the
+ * GRU's steps are made of element-wise ops. Shapes: x (B, T, I) or one
  * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
  * ==========================================================================*/
 
@@ -15798,24 +16075,44 @@ static dtr_tensor *dtr__rnn_row(dtr_context *ctx, dtr_tensor *s, int to_row) {
     return dtr_reshape(ctx, s, 2, shape);
 }
 
-/* Runs the T steps of x (B, T, I) (lstm: 1, else GRU) and concatenates their h (B, T, H). */
-static dtr_tensor *dtr__rnn_run(dtr_context *ctx, const void *layer, int lstm, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
-                                dtr_tensor **h_out, dtr_tensor **c_out) {
-    const dtr_lstm_layer *ll = (const dtr_lstm_layer *)layer;
-    const dtr_gru_layer *gl = (const dtr_gru_layer *)layer;
-    int64_t T = x->shape[1], t;
-    dtr_tensor *gx = dtr_linear(ctx, x, lstm ? ll->weight_ih : gl->weight_ih, lstm ? ll->bias_ih : gl->bias_ih), **hs, *y;
-    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), lstm ? "dtr_lstm_layer_forward" : "dtr_gru_layer_forward");
+/* (T, B, ...) <-> (B, T, ...), contiguous */
+static dtr_tensor *dtr__rnn_swap(dtr_context *ctx, dtr_tensor *x) {
+    static const int perm[3] = {1, 0, 2};
+    return dtr_contiguous(ctx, dtr_permute(ctx, x, perm));
+}
+
+/* step t's (B, H) of a time-major (T, B, H) sequence */
+static dtr_tensor *dtr__rnn_at(dtr_context *ctx, dtr_tensor *s, int64_t t) {
+    int64_t shape[2];
+    shape[0] = s->shape[1], shape[1] = s->shape[2];
+    return dtr_reshape(ctx, dtr_slice(ctx, s, 0, t, t + 1), 2, shape);
+}
+
+/* The LSTM over x (B, T, I) as one op on the time-major sequence: x's gates in one GEMM over all
+   steps, then dtr_lstm_sequence; h (B, T, H) back in x's layout. */
+static dtr_tensor *dtr__lstm_layer_run(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
+                                       dtr_tensor **h_out, dtr_tensor **c_out) {
+    int64_t T = x->shape[1];
+    dtr_tensor *cs, *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
+    dtr_tensor *hs = gx ? dtr_lstm_sequence(ctx, gx, l->weight_hh, l->bias_hh, h, c, &cs) : NULL, *y;
     if (!hs) return NULL;
-    h = dtr__rnn_row(ctx, h, 1), c = dtr__rnn_row(ctx, c, 1);
-    for (t = 0; t < T && ctx->status == DTR_OK; t++) {
-        dtr_tensor *gt = dtr_slice(ctx, gx, 1, t, t + 1);
-        h = hs[t] = lstm ? dtr__lstm_step(ctx, ll, gt, h, c, &c) : dtr__gru_step(ctx, gl, gt, h);
-    }
+    y = dtr__rnn_swap(ctx, hs);
+    if (h_out) *h_out = dtr__rnn_at(ctx, hs, T - 1);
+    if (c_out) *c_out = dtr__rnn_at(ctx, cs, T - 1);
+    return ctx->status == DTR_OK ? y : NULL;
+}
+
+/* Runs the T steps of a GRU over x (B, T, I) and concatenates their h (B, T, H). */
+static dtr_tensor *dtr__gru_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
+    int64_t T = x->shape[1], t;
+    dtr_tensor *gx = dtr_linear(ctx, x, l->weight_ih, l->bias_ih), **hs, *y;
+    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), "dtr_gru_layer_forward");
+    if (!hs) return NULL;
+    h = dtr__rnn_row(ctx, h, 1);
+    for (t = 0; t < T && ctx->status == DTR_OK; t++) h = hs[t] = dtr__gru_step(ctx, l, dtr_slice(ctx, gx, 1, t, t + 1), h);
     if (ctx->status != DTR_OK) return NULL;
     y = dtr_concat(ctx, hs, (int)T, 1);
     if (h_out) *h_out = dtr__rnn_row(ctx, h, 0);
-    if (c_out) *c_out = dtr__rnn_row(ctx, c, 0);
     return ctx->status == DTR_OK ? y : NULL;
 }
 
@@ -15827,7 +16124,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_forward: layer is NULL");
     if (!dtr__rnn_check(ctx, "dtr_lstm_layer_forward", x, 3, l->in, l->hidden, h0, c0)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_layer_forward: a sequence of 0 steps");
-    return dtr__rnn_run(ctx, l, 1, x, h0, c0, h_out, c_out);
+    return dtr__lstm_layer_run(ctx, l, x, h0, c0, h_out, c_out);
 }
 
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
@@ -15836,9 +16133,9 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
     if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
-    return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
+    return dtr__gru_run(ctx, l, x, h0, h_out);
 }
-#line 15842 "dtrain.h"
+#line 16139 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16093,7 +16390,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16097 "dtrain.h"
+#line 16394 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16638,7 +16935,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16642 "dtrain.h"
+#line 16939 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -16776,7 +17073,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 16780 "dtrain.h"
+#line 17077 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17123,7 +17420,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17127 "dtrain.h"
+#line 17424 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17189,7 +17486,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17193 "dtrain.h"
+#line 17490 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17426,7 +17723,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17430 "dtrain.h"
+#line 17727 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18175,7 +18472,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18179 "dtrain.h"
+#line 18476 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18628,7 +18925,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18632 "dtrain.h"
+#line 18929 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18684,7 +18981,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18688 "dtrain.h"
+#line 18985 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19461,7 +19758,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19465 "dtrain.h"
+#line 19762 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20042,7 +20339,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20046 "dtrain.h"
+#line 20343 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20673,7 +20970,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20677 "dtrain.h"
+#line 20974 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21469,7 +21766,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21473 "dtrain.h"
+#line 21770 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -21822,7 +22119,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 21826 "dtrain.h"
+#line 22123 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22012,7 +22309,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22016 "dtrain.h"
+#line 22313 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22193,7 +22490,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22197 "dtrain.h"
+#line 22494 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22968,7 +23265,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22972 "dtrain.h"
+#line 23269 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23485,7 +23782,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23489 "dtrain.h"
+#line 23786 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24280,7 +24577,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24284 "dtrain.h"
+#line 24581 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25528,7 +25825,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25532 "dtrain.h"
+#line 25829 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26150,7 +26447,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26154 "dtrain.h"
+#line 26451 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26651,7 +26948,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26655 "dtrain.h"
+#line 26952 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27381,7 +27678,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27385 "dtrain.h"
+#line 27682 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27617,7 +27914,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27621 "dtrain.h"
+#line 27918 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -27746,7 +28043,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 27750 "dtrain.h"
+#line 28047 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28183,7 +28480,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28187 "dtrain.h"
+#line 28484 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28676,7 +28973,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28680 "dtrain.h"
+#line 28977 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29225,7 +29522,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29229 "dtrain.h"
+#line 29526 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -29731,7 +30028,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 29735 "dtrain.h"
+#line 30032 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31280,7 +31577,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31284 "dtrain.h"
+#line 31581 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31334,7 +31631,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31338 "dtrain.h"
+#line 31635 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32512,7 +32809,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32516 "dtrain.h"
+#line 32813 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33415,7 +33712,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33419 "dtrain.h"
+#line 33716 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -34893,7 +35190,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 34897 "dtrain.h"
+#line 35194 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34912,6 +35209,8 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
  * (element-wise, reductions, softmax, losses) one per element of its largest tensor.
  * Attention (dtr_attention, one fused op) counts what its unfused form would: q k^T and P v,
  * 2*B*T*T*C each, and a scale and a softmax, one per score (B*H*T*T each); backward twice that.
+ * The LSTM sequence (dtr_lstm_sequence) counts its recurrent products, 2*T*B*4H*H; backward
+ * twice that (the gradients of h and of W_hh).
  * ==========================================================================*/
 
 
@@ -35090,6 +35389,8 @@ static double dtr__obs_flops(const dtr__node *n) {
         const dtr_tensor *w = n->in[1];
         return 2.0 * dtr__obs_numel(n->in[0]) * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
+    case DTR_OP_LSTM:   /* every step's h W_hh^T: gx (T, B, 4H) times H; the gates' arithmetic not counted */
+        return 2.0 * dtr__obs_numel(n->in[0]) * (double)n->in[1]->shape[1];
     case DTR_OP_ATTENTION: {   /* q (B, Tq, C), k, v (B, Tk, C), H heads: every score counted, causal or not */
         const dtr_tensor *q = n->in[0];
         double B = (double)q->shape[0], TT = (double)q->shape[1] * (double)n->in[1]->shape[1], C = (double)q->shape[2];
@@ -35111,7 +35412,7 @@ void dtr__obs_op(dtr_metrics *m, const dtr__node *n, int bwd, double t0, double 
         double bias = dtr__obs_has_bias(n) ? dtr__obs_numel(n->out) : 0.0;
         f = 2.0 * (f - bias) + bias;   /* both operands' gradients; the bias's is a sum */
     }
-    if (bwd && n->op == DTR_OP_ATTENTION) f *= 2.0;
+    if (bwd && (n->op == DTR_OP_ATTENTION || n->op == DTR_OP_LSTM)) f *= 2.0;   /* LSTM: dh and dW_hh */
     m->flops += f;
     if (m->ring)
         dtr__obs_span(m, dtr__op_name(n->op), bwd ? DTR__OBS_BACKWARD : DTR__OBS_FORWARD, 0, -1, t0, t1);
@@ -35282,7 +35583,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35286 "dtrain.h"
+#line 35587 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35431,7 +35732,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35435 "dtrain.h"
+#line 35736 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

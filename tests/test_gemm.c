@@ -4,7 +4,7 @@
  * beta = 0 over NaN, bitwise identical results for 1, 2, 3 and 4 threads (a project rule:
  * the reduction order of every element is independent of the thread count), and no
  * allocation-callback call once the pool's scratch has grown; dtr__gemm_on (the serial
- * product of a pool task) matches dtr__gemm bitwise.
+ * product of a pool task) and dtr__gemm_packed (B packed ahead) match dtr__gemm bitwise.
  *
  * The kernel is picked at run time; run with DTRAIN_GEMM_KERNEL=avx512|avx2|generic to
  * test another one on the same machine. */
@@ -441,6 +441,39 @@ static void test_gemm_on(void) {
     free(A); free(B); free(ref); free(got);
 }
 
+/* dtr__gemm_packed (B packed once, as an LSTM's recurrent weight) gives dtr__gemm's bits: B
+   stored (K, N) or transposed, K past one K block, N past one N block, beta 0 and 1, no pool
+   and 1-3 threads, and with no packing memory (mem NULL: each call packs its own) */
+static void test_gemm_packed(void) {
+    static const int64_t shapes[][3] = {{33, 512, 128}, {7, 1031, 700}, {64, 40, 1500}, {1, 17, 3}};
+    size_t i;
+    for (i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+        float *A = tg_alloc_rand(M * K), *B = tg_alloc_rand(K * N), *C0 = tg_alloc_rand(M * N);
+        float *ref = (float *)malloc(sizeof(float) * (size_t)(M * N)), *got = (float *)malloc(sizeof(float) * (size_t)(M * N));
+        float *mem = (float *)malloc(sizeof(float) * dtr__gemm_bpack_floats(K, N));
+        int tb, t, beta, packed;
+        if (!ref || !got || !mem) exit(2);
+        for (tb = 0; tb < 2; tb++)
+            for (t = 0; t <= 3; t++)
+                for (beta = 0; beta < 2; beta++)
+                    for (packed = 0; packed < 2; packed++) {
+                        dtr__pool *p = NULL;
+                        dtr__gemm_bpack bp;
+                        int64_t rsb = tb ? 1 : N, csb = tb ? K : 1;
+                        if (t) CHECK(dtr__pool_create(NULL, t, &p) == DTR_OK);
+                        memcpy(ref, C0, sizeof(float) * (size_t)(M * N)), memcpy(got, C0, sizeof(float) * (size_t)(M * N));
+                        dtr__gemm(p, M, N, K, 0.75f, A, K, 1, B, rsb, csb, (float)beta, ref, N);
+                        dtr__gemm_bpack_fill(&bp, B, rsb, csb, K, N, packed ? mem : NULL);
+                        dtr__gemm_packed(p, M, 0.75f, A, K, 1, &bp, (float)beta, got, N);
+                        CHECK_MSG(memcmp(ref, got, sizeof(float) * (size_t)(M * N)) == 0, "%lld x %lld x %lld, B %s, %d threads, beta %d%s",
+                                  (long long)M, (long long)N, (long long)K, tb ? "transposed" : "as stored", t, beta, packed ? "" : ", unpacked");
+                        if (p) dtr__pool_destroy(p);
+                    }
+        free(A); free(B); free(C0); free(ref); free(got); free(mem);
+    }
+}
+
 /* After a warm-up call, GEMMs of the same or smaller sizes make no allocation-callback call. */
 static void test_gemm_no_steady_state_alloc(void) {
     dtr_allocation_callbacks cb;
@@ -481,6 +514,7 @@ int main(void) {
     RUN(test_gemm_k0_alpha0_nan);
     RUN(test_gemm_deterministic);
     RUN(test_gemm_on);
+    RUN(test_gemm_packed);
     RUN(test_gemm_no_steady_state_alloc);
     return test_summary();
 }

@@ -15,7 +15,7 @@
 #include "test.h"
 #include "devsim.h"
 
-#define MAXIN 4
+#define MAXIN 6
 #define EPS 1e-2f
 
 typedef struct gc_input {
@@ -222,6 +222,24 @@ static dtr_tensor *b_rnn(dtr_context *c, dtr_tensor **x, void *u) {
         dtr_gru_layer l = {x[1], x[2], x[3], x[3], 3, 2};
         return dtr_gru_layer_forward(c, &l, x[0], NULL, NULL);
     }
+}
+
+/* dtr_lstm_sequence over gx x[0] (T, B, 8) with w_hh x[1] (8, 2): arg 1 with b_hh x[2], h0 x[3]
+   and c0 x[4], giving every step's h and c side by side (T, B, 4); arg 0 alone, h only; arg 2:
+   an LSTM layer's one step (dtr_lstm_layer_step: the cell op) from x[0] (B, 3) with weights
+   x[1] (8, 3), x[2] (8, 2) and x[3] (8) as both biases, from h x[4] and c x[5] (B, 2) */
+static dtr_tensor *b_lstm_seq(dtr_context *c, dtr_tensor **x, void *u) {
+    int k = *(int *)u;
+    dtr_tensor *cs, *hs, *both[2];
+    if (k == 2) {
+        dtr_lstm_layer l = {x[1], x[2], x[3], x[3], 3, 2};
+        hs = dtr_lstm_layer_step(c, &l, x[0], x[4], x[5], &cs);
+        return hs ? dtr_add(c, hs, dtr_scale(c, cs, 0.5f)) : NULL;
+    }
+    hs = dtr_lstm_sequence(c, x[0], x[1], k ? x[2] : NULL, k ? x[3] : NULL, k ? x[4] : NULL, &cs);
+    if (!k || !hs) return hs;
+    both[0] = hs, both[1] = cs;
+    return dtr_concat(c, both, 2, -1);
 }
 
 static dtr_tensor *b_pick(dtr_context *c, dtr_tensor **x, void *u) {
@@ -600,6 +618,11 @@ static const op_case CASES[] = {
     {"group norm, 3 groups", 3, {IN4(2, 6, 2, 3), IN1(6), IN1(6)}, b_groupnorm, K0, 0, NULL},
     {"lstm over 3 steps", 4, {IN3(2, 3, 3), IN2(8, 3), IN2(8, 2), IN1(8)}, b_rnn, KA(1), 0, NULL},
     {"gru over 3 steps", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(0), 0, NULL},
+    {"lstm sequence with h0, c0 and every step's h and c", 5, {IN3(4, 3, 8), IN2(8, 2), IN1(8), IN2(3, 2), IN2(3, 2)}, b_lstm_seq,
+     KA(1), 0, NULL},
+    {"lstm sequence without bias or state", 2, {IN3(3, 2, 8), IN2(8, 2)}, b_lstm_seq, KA(0), 0, NULL},
+    {"lstm cell: one layer step from h and c", 6, {IN2(3, 3), IN2(8, 3), IN2(8, 2), IN1(8), IN2(3, 2), IN2(3, 2)}, b_lstm_seq, KA(2), 0,
+     NULL},
     {"bce_with_logits", 2, {IN3(2, 3, 5), IN3(2, 3, 5)}, b_loss, KA(0), 0, NULL},
     {"huber_loss, delta 0.3", 2, {IN3(2, 3, 5), IN3(2, 3, 5)}, b_loss, KA(1), 0, NULL},
     {"gelu of a permuted view", 1, {IN3(2, 3, 4)}, b_unary_view, K0, 0, NULL},

@@ -5,6 +5,9 @@
  *                         and the gradients of sum(y * R) for x, weight_hh and bias_ih equal
  *                         nn.LSTM's and nn.GRU's (batch_first); the step functions give the
  *                         sequence's rows; a NULL state is zeros.
+ *   test_lstm_sequence    dtr_lstm_sequence's h and c at every step equal, bit for bit, the
+ *                         steps made of dtr_linear, dtr_add and dtr_lstm_cell (1 and 2 threads,
+ *                         with and without bias and state); bad shapes are errors.
  *   test_rnn_learns       an LSTM and a GRU learn to add two numbers shown at marked steps of
  *                         a noisy sequence (a memory task a feed-forward net cannot do).
  *   test_group_norm_torch dtr_group_norm and its layer against F.group_norm, with the
@@ -178,6 +181,76 @@ static void test_lstm_gru_torch(void) {
     check_rnn(0, &gru);
     check_steps(1);
     check_steps(0);
+}
+
+/* ---- dtr_lstm_sequence: the same bits as its steps made of ops ---- */
+
+enum { SQ_T = 4, SQ_B = 33, SQ_H = 40 };
+
+/* dtr_lstm_sequence's h and c at every step against dtr_linear + dtr_add + dtr_lstm_cell a step
+   (bit for bit), with b_hh, h0 and c0 or without; every unit compared */
+static void check_sequence_bits(int threads, int full) {
+    static float gx[SQ_T * SQ_B * 4 * SQ_H], w[4 * SQ_H * SQ_H], b[4 * SQ_H], h0[SQ_B * SQ_H], c0[SQ_B * SQ_H];
+    static float seq_h[SQ_T * SQ_B * SQ_H], seq_c[SQ_T * SQ_B * SQ_H], step_h[SQ_B * SQ_H], step_c[SQ_B * SQ_H];
+    dtr_context *ctx = test_ctx(threads);
+    int64_t gs[3] = {SQ_T, SQ_B, 4 * SQ_H}, ws[2] = {4 * SQ_H, SQ_H}, bs = 4 * SQ_H, ss[2] = {SQ_B, SQ_H}, g2[2] = {SQ_B, 4 * SQ_H};
+    dtr_tensor *G, *W, *Bv, *H0, *C0, *cs, *hs, *h, *c;
+    int t, bad = 0, k;
+    fill(gx, SQ_T * SQ_B * 4 * SQ_H, 1.5, 0.37, 0.1, 0), fill(w, 4 * SQ_H * SQ_H, 0.3, 0.71, 0.4, 1), fill(b, 4 * SQ_H, 0.5, 1.3, 0.2, 0);
+    fill(h0, SQ_B * SQ_H, 0.8, 0.53, 0.3, 1), fill(c0, SQ_B * SQ_H, 1.2, 0.29, 0.7, 0);
+    G = dtr_tensor_from(ctx, DTR_F32, 3, gs, gx), W = dtr_tensor_from(ctx, DTR_F32, 2, ws, w);
+    Bv = full ? dtr_tensor_from(ctx, DTR_F32, 1, &bs, b) : NULL;
+    H0 = full ? dtr_tensor_from(ctx, DTR_F32, 2, ss, h0) : NULL, C0 = full ? dtr_tensor_from(ctx, DTR_F32, 2, ss, c0) : NULL;
+    hs = dtr_lstm_sequence(ctx, G, W, Bv, H0, C0, &cs);
+    CHECK_OK(ctx, dtr_context_status(ctx));
+    CHECK(dtr_tensor_ndim(hs) == 3 && dtr_tensor_dim(hs, 0) == SQ_T && dtr_tensor_dim(hs, 1) == SQ_B && dtr_tensor_dim(cs, 2) == SQ_H);
+    dtr_tensor_read(hs, DTR_F32, seq_h, SQ_T * SQ_B * SQ_H);
+    dtr_tensor_read(cs, DTR_F32, seq_c, SQ_T * SQ_B * SQ_H);
+    h = H0, c = C0;
+    for (t = 0; t < SQ_T; t++) {
+        dtr_tensor *gt = dtr_tensor_from(ctx, DTR_F32, 2, g2, gx + t * SQ_B * 4 * SQ_H);
+        dtr_tensor *a = h ? dtr_add(ctx, gt, dtr_linear(ctx, h, W, Bv)) : Bv ? dtr_add(ctx, gt, Bv) : gt;
+        h = dtr_lstm_cell(ctx, a, c, &c);
+        CHECK_OK(ctx, dtr_context_status(ctx));
+        dtr_tensor_read(h, DTR_F32, step_h, SQ_B * SQ_H);
+        dtr_tensor_read(c, DTR_F32, step_c, SQ_B * SQ_H);
+        for (k = 0; k < SQ_B * SQ_H; k++)
+            bad += memcmp(&step_h[k], &seq_h[t * SQ_B * SQ_H + k], 4) != 0 || memcmp(&step_c[k], &seq_c[t * SQ_B * SQ_H + k], 4) != 0;
+    }
+    CHECK_MSG(bad == 0, "%d of %d units differ from the steps made of ops (%d threads, %s)", bad, SQ_T * SQ_B * SQ_H, threads,
+              full ? "bias and state" : "none");
+    dtr_context_destroy(ctx);
+}
+
+/* bad shapes: a clear error and no tensor */
+static void check_sequence_errors(void) {
+    dtr_context *ctx = test_ctx(1);
+    int64_t g[3] = {2, 3, 8}, w[2] = {8, 2}, w3[2] = {8, 3}, b5 = 5, s[2] = {3, 2}, s4[2] = {4, 2}, g0[3] = {0, 3, 8};
+    dtr_tensor *G = dtr_tensor_zeros(ctx, DTR_F32, 3, g), *W = dtr_tensor_zeros(ctx, DTR_F32, 2, w), *S = dtr_tensor_zeros(ctx, DTR_F32, 2, s), *cs;
+    struct { dtr_tensor *g, *w, *b, *h0, *c0; const char *msg; } bad[] = {
+        {G, dtr_tensor_zeros(ctx, DTR_F32, 2, w3), NULL, NULL, NULL, "w_hh is (8, 3), not (4H, H)"},
+        {dtr_tensor_zeros(ctx, DTR_F32, 2, w), W, NULL, NULL, NULL, "gx is (8, 2), not (T, B, 8)"},
+        {dtr_tensor_zeros(ctx, DTR_F32, 3, g0), W, NULL, NULL, NULL, "gx is (0, 3, 8)"},
+        {G, W, dtr_tensor_zeros(ctx, DTR_F32, 1, &b5), NULL, NULL, "b_hh is (5), not (8)"},
+        {G, W, NULL, S, dtr_tensor_zeros(ctx, DTR_F32, 2, s4), "c0 is (4, 2), not (3, 2)"},
+        {G, W, NULL, dtr_tensor_zeros(ctx, DTR_F32, 2, s4), S, "h0 is (4, 2), not (3, 2)"},
+    };
+    size_t i;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(dtr_lstm_sequence(ctx, bad[i].g, bad[i].w, bad[i].b, bad[i].h0, bad[i].c0, &cs) == NULL && cs == NULL);
+        CHECK_MSG(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH && strstr(dtr_context_last_error(ctx), bad[i].msg),
+                  "case %d: %s", (int)i, dtr_context_last_error(ctx));
+        dtr_context_clear_error(ctx);
+    }
+    CHECK(dtr_lstm_sequence(ctx, G, W, NULL, NULL, NULL, NULL) == NULL && dtr_context_status(ctx) == DTR_NULL_HANDLE);
+    dtr_context_destroy(ctx);
+}
+
+static void test_lstm_sequence(void) {
+    check_sequence_bits(1, 1);
+    check_sequence_bits(2, 1);
+    check_sequence_bits(2, 0);
+    check_sequence_errors();
 }
 
 /* ---- learning: the sum of the two values marked in a sequence of 12 noisy steps ---- */
@@ -764,6 +837,7 @@ static void test_layer_errors(void) {
 
 int main(void) {
     RUN(test_lstm_gru_torch);
+    RUN(test_lstm_sequence);
     RUN(test_rnn_learns);
     RUN(test_group_norm_torch);
     RUN(test_batch_norm_torch);

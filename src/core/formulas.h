@@ -302,25 +302,42 @@ DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
-/** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
- *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the arithmetic of
- *  the sigmoid, tanh, mul and add ops, in that order). */
-DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
-    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
-    *c2 = f * c + i * g;
-    *h = o * dtr__f_tanh(*c2);
+/** An LSTM cell's gate activations from their pre-activations: i, f, o sigmoids, g a tanh. */
+DTR__HD void dtr__f_lstm_gates(float ai, float af, float ag, float ao, float *i, float *f, float *g, float *o) {
+    *i = dtr__f_sigmoid(ai), *f = dtr__f_sigmoid(af), *g = dtr__f_tanh(ag), *o = dtr__f_sigmoid(ao);
 }
-/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' (i, f, g, o) and
- *  the previous cell's. */
-DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *di, float *df,
-                                   float *dg, float *dout, float *dc_prev) {
-    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
-    float c2 = f * c + i * g, t = dtr__f_tanh(c2), dc = gc + gh * o * dtr__f_tanh_grad(t);
+/** The cell from its activations and the cell before, c: c' = f c + i g, t = tanh(c'),
+ *  h = o t (the arithmetic of the mul and add ops, in that order). */
+DTR__HD void dtr__f_lstm_cell_act(float i, float f, float g, float o, float c, float *h, float *c2, float *t) {
+    *c2 = f * c + i * g;
+    *t = dtr__f_tanh(*c2);
+    *h = o * *t;
+}
+/** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
+ *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c'). */
+DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
+    float i, f, g, o, t;
+    dtr__f_lstm_gates(ai, af, ag, ao, &i, &f, &g, &o);
+    dtr__f_lstm_cell_act(i, f, g, o, c, h, c2, &t);
+}
+/** Its gradients from the activations i, f, g, o, the cell before c, t = tanh(c'), and gh (of
+ *  h) and gc (of c'): the gates' pre-activations' (i, f, g, o) and the previous cell's. */
+DTR__HD void dtr__f_lstm_cell_grad_act(float i, float f, float g, float o, float c, float t, float gh, float gc, float *di, float *df,
+                                       float *dg, float *dout, float *dc_prev) {
+    float dc = gc + gh * o * dtr__f_tanh_grad(t);
     *di = dc * g * dtr__f_sigmoid_grad(i);
     *df = dc * c * dtr__f_sigmoid_grad(f);
     *dg = dc * i * dtr__f_tanh_grad(g);
     *dout = gh * t * dtr__f_sigmoid_grad(o);
     *dc_prev = dc * f;
+}
+/** dtr__f_lstm_cell_grad_act from the pre-activations (the activations computed again). */
+DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *di, float *df,
+                                   float *dg, float *dout, float *dc_prev) {
+    float i, f, g, o, h, c2, t;
+    dtr__f_lstm_gates(ai, af, ag, ao, &i, &f, &g, &o);
+    dtr__f_lstm_cell_act(i, f, g, o, c, &h, &c2, &t);
+    dtr__f_lstm_cell_grad_act(i, f, g, o, c, t, gh, gc, di, df, dg, dout, dc_prev);
 }
 
 /** Batch norm's running statistics after a batch of cnt values a channel with mean m and

@@ -573,6 +573,7 @@ typedef struct dtr__gemm_job {
     const float *A; int64_t rsa, csa;
     const float *B; int64_t rsb, csb;
     float *C; int64_t ldc;
+    const float *bpre;          /* B packed ahead (dtr__gemm_bpack), or NULL: packed per block */
     int split_n;                /* work units: NR-column panels (1) or MR-row panels (0) */
     dtr__pool *pool;            /* NULL: a private buffer of the exact size */
 } dtr__gemm_job;
@@ -603,13 +604,14 @@ static void dtr__gemm_slab(const dtr__gemm_job *j, int64_t m0, int64_t m1, int64
             int64_t kb = dtr__gemm_min64(j->kc, j->K - pc);
             int load_c = pc > 0 || j->beta != 0.0f;
             float beta = pc > 0 ? 1.0f : j->beta;
-            kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
+            const float *bblock = j->bpre ? j->bpre + pc * dtr__gemm_ceil(j->N, kn->nr) * kn->nr + jc * kb : bpack;
+            if (!j->bpre) kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
             for (ic = m0; ic < m1; ic += j->mc) {
                 int64_t mb = dtr__gemm_min64(j->mc, m1 - ic);
                 kn->pack_a(j->A + ic * j->rsa + pc * j->csa, j->rsa, j->csa, mb, kb, kn->mr, apack);
                 for (jr = 0; jr < nb; jr += kn->nr) {
                     int nv = (int)dtr__gemm_min64(kn->nr, nb - jr);
-                    const float *bp = bpack + jr * kb;
+                    const float *bp = bblock + jr * kb;
                     for (ir = 0; ir < mb; ir += kn->mr) {
                         int mv = (int)dtr__gemm_min64(kn->mr, mb - ir);
                         kn->ukr(kb, apack + ir * kb, bp, j->C + (ic + ir) * j->ldc + jc + jr, j->ldc,
@@ -713,6 +715,10 @@ static int dtr__gemm_cblas(int64_t M, int64_t N, int64_t K, float alpha,
 
 /* ---- entry points ---- */
 
+/** The K block of a product of depth K: blocks of near-equal size (a function of K only: fixes
+ *  the summation order). */
+static int64_t dtr__gemm_kc(const dtr__gemm_kernel *kn, int64_t K) { return dtr__gemm_ceil(K, dtr__gemm_ceil(K, kn->kc)); }
+
 /** Fills the job for a call (kernel, K/M/N blocks). Returns 0 when nothing more is to be done
  *  (empty C, K == 0 or alpha == 0 handled here, or cblas took the call). */
 static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
@@ -720,7 +726,6 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
                            const float *B, int64_t rsb, int64_t csb,
                            float beta, float *C, int64_t ldc) {
     const dtr__gemm_kernel *kn;
-    int64_t nkb;
     if (M <= 0 || N <= 0) return 0;
     if (K <= 0 || alpha == 0.0f) {
         dtr__gemm_scale_c(M, N, beta, C, ldc);
@@ -738,9 +743,7 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
     j->B = B; j->rsb = rsb; j->csb = csb;
     j->C = C; j->ldc = ldc;
     j->pool = p;
-    /* K blocks of near-equal size (a function of K only: fixes the summation order) */
-    nkb = dtr__gemm_ceil(K, kn->kc);
-    j->kc = dtr__gemm_ceil(K, nkb);
+    j->kc = dtr__gemm_kc(kn, K);
     j->mc = dtr__gemm_min64(kn->mc, dtr__gemm_ceil(M, kn->mr) * kn->mr);
     j->nc = dtr__gemm_min64(kn->nc, dtr__gemm_ceil(N, kn->nr) * kn->nr);
     return 1;
@@ -764,22 +767,18 @@ static void dtr__gemm_serial_private(dtr__gemm_job *j) {
     dtr__free(NULL, raw);
 }
 
-void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
-               const float *A, int64_t rsa, int64_t csa,
-               const float *B, int64_t rsb, int64_t csb,
-               float beta, float *C, int64_t ldc) {
-    dtr__gemm_job j;
-    const dtr__gemm_kernel *kn;
-    int64_t units, grain, a_floats;
+/** Runs a set-up job: over the pool's threads, or serially without a pool. */
+static void dtr__gemm_run(dtr__pool *p, dtr__gemm_job *jp) {
+    dtr__gemm_job j = *jp;
+    const dtr__gemm_kernel *kn = j.kern;
+    int64_t units, grain, a_floats, M = j.M, N = j.N, K = j.K;
     double flops;
     int threads, use, chunks, w;
     size_t floats;
-    if (!dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return;
     if (!p) {
         dtr__gemm_serial_private(&j);
         return;
     }
-    kn = j.kern;
     /* threads: split the larger of M and N into slabs of whole panels */
     threads = dtr__pool_threads(p);
     flops = 2.0 * (double)M * (double)N * (double)K;
@@ -795,12 +794,41 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
     floats = dtr__gemm_buf_floats(&j, 0, &a_floats);
     for (w = 0; w < chunks; w++) {
         if (!dtr__pool_scratch(p, w, floats * sizeof(float))) {
-            dtr__gemm_naive(M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc);
+            dtr__gemm_naive(M, N, K, j.alpha, j.A, j.rsa, j.csa, j.B, j.rsb, j.csb, j.beta, j.C, j.ldc);
             return;
         }
     }
     /* one chunk runs inline (with the calling thread's worker index when nested) */
     dtr__pool_run(p, units, chunks <= 1 ? units : grain, dtr__gemm_task, &j);
+}
+
+void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
+               const float *A, int64_t rsa, int64_t csa,
+               const float *B, int64_t rsb, int64_t csb,
+               float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run(p, &j);
+}
+
+size_t dtr__gemm_bpack_floats(int64_t K, int64_t N) {
+    const dtr__gemm_kernel *kn = dtr__gemm_pick();
+    return (size_t)(K > 0 ? K : 0) * (size_t)(dtr__gemm_ceil(N > 0 ? N : 0, kn->nr) * kn->nr);
+}
+
+void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64_t csb, int64_t K, int64_t N, float *mem) {
+    const dtr__gemm_kernel *kn = dtr__gemm_pick();
+    int64_t kc = dtr__gemm_kc(kn, K), pc, npad = dtr__gemm_ceil(N, kn->nr) * kn->nr;
+    b->B = B, b->rsb = rsb, b->csb = csb, b->K = K, b->N = N, b->packed = mem;
+    for (pc = 0; mem && pc < K; pc += kc)   /* each K block's NR-wide panels, as dtr__gemm_slab packs them */
+        kn->pack_b(B + pc * rsb, rsb, csb, dtr__gemm_min64(kc, K - pc), N, kn->nr, mem + pc * npad);
+}
+
+void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
+                      float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (!dtr__gemm_setup(&j, p, M, b->N, b->K, alpha, A, rsa, csa, b->B, b->rsb, b->csb, beta, C, ldc)) return;
+    j.bpre = b->packed;
+    dtr__gemm_run(p, &j);
 }
 
 void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,

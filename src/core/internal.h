@@ -53,6 +53,21 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t rsa, int64_t csa,
                const float *B, int64_t rsb, int64_t csb,
                float beta, float *C, int64_t ldc);
+/** B (K, N) packed once for several products with it (an LSTM's recurrent weight at every
+ *  step): the original operand (the fallbacks read it) and its panels, as dtr__gemm packs them. */
+typedef struct dtr__gemm_bpack {
+    const float *B;
+    int64_t rsb, csb, K, N;
+    float *packed;          /* dtr__gemm_bpack_floats(K, N) floats, or NULL: packed per call */
+} dtr__gemm_bpack;
+/** Floats of B's packed panels. */
+size_t dtr__gemm_bpack_floats(int64_t K, int64_t N);
+/** Packs B (K, N) (strides as dtr__gemm's) into mem (dtr__gemm_bpack_floats of them; NULL:
+ *  nothing packed, each product packs its own) and describes it in *b. */
+void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64_t csb, int64_t K, int64_t N, float *mem);
+/** dtr__gemm with a B packed ahead: C (M, b->N) = alpha A (M, b->K) B + beta C, the same bits. */
+void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
+                      float beta, float *C, int64_t ldc);
 /** dtr__gemm run entirely on the calling thread, which is worker `worker` of `p` (its packing
  *  buffers come from that worker's scratch). For callers that already split work
  *  over the pool. p NULL: private buffers of the calling thread. */
@@ -189,14 +204,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
     X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)     \
     X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax) X(GATHER, "gather", gather)                \
-    X(UPSAMPLE, "upsample_nearest", upsample)
+    X(UPSAMPLE, "upsample_nearest", upsample) X(LSTM, "lstm", lstm_seq)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 60
+#define DTR__OP_COUNT_EXPECTED 61
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -828,6 +843,8 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
+/** out[j] += the sum over rows r of X[r n + j] (X (rows, n) dense): a bias's gradient. */
+DTR__PRIVATE void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;

@@ -74,6 +74,8 @@ static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)
  *  stays valid until the next call: work queued before that call has used it when work
  *  queued after runs (stream order). NULL with the error recorded. (cuda_backend.cu) */
 static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes);
+/** Zeroes `bytes` at dst on the context's stream; DTR_OK or the error recorded. (cuda_backend.cu) */
+static dtr_result dtr__cuda_memset0(dtr_context *ctx, void *dst, size_t bytes);
 static cudaStream_t dtr__cuda_stream(dtr_context *ctx) { return dtr__cuda(ctx)->stream; }
 
 /** DTR_OK, or the CUDA error recorded on the context (DTR_DEVICE_OUT_OF_MEMORY for an

@@ -1,8 +1,10 @@
 /* ============================================================================
  * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
  * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
- * every backend; the LSTM's gates and cell as one op, dtr_lstm_cell). A sequence multiplies every step's input by weight_ih at once (one GEMM of
- * B T rows); each step then adds h W_hh^T and applies the gates. Shapes: x (B, T, I) or one
+ * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
+ * B T rows); each step then adds h W_hh^T and applies the gates: the LSTM's whole recurrence
+ * is one op (dtr_lstm_sequence, over the time-major sequence), a step one dtr_lstm_cell; the
+ * GRU's steps are made of element-wise ops. Shapes: x (B, T, I) or one
  * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
  * ==========================================================================*/
 #include "../public/api.h"
@@ -127,24 +129,44 @@ static dtr_tensor *dtr__rnn_row(dtr_context *ctx, dtr_tensor *s, int to_row) {
     return dtr_reshape(ctx, s, 2, shape);
 }
 
-/* Runs the T steps of x (B, T, I) (lstm: 1, else GRU) and concatenates their h (B, T, H). */
-static dtr_tensor *dtr__rnn_run(dtr_context *ctx, const void *layer, int lstm, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
-                                dtr_tensor **h_out, dtr_tensor **c_out) {
-    const dtr_lstm_layer *ll = (const dtr_lstm_layer *)layer;
-    const dtr_gru_layer *gl = (const dtr_gru_layer *)layer;
-    int64_t T = x->shape[1], t;
-    dtr_tensor *gx = dtr_linear(ctx, x, lstm ? ll->weight_ih : gl->weight_ih, lstm ? ll->bias_ih : gl->bias_ih), **hs, *y;
-    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), lstm ? "dtr_lstm_layer_forward" : "dtr_gru_layer_forward");
+/* (T, B, ...) <-> (B, T, ...), contiguous */
+static dtr_tensor *dtr__rnn_swap(dtr_context *ctx, dtr_tensor *x) {
+    static const int perm[3] = {1, 0, 2};
+    return dtr_contiguous(ctx, dtr_permute(ctx, x, perm));
+}
+
+/* step t's (B, H) of a time-major (T, B, H) sequence */
+static dtr_tensor *dtr__rnn_at(dtr_context *ctx, dtr_tensor *s, int64_t t) {
+    int64_t shape[2];
+    shape[0] = s->shape[1], shape[1] = s->shape[2];
+    return dtr_reshape(ctx, dtr_slice(ctx, s, 0, t, t + 1), 2, shape);
+}
+
+/* The LSTM over x (B, T, I) as one op on the time-major sequence: x's gates in one GEMM over all
+   steps, then dtr_lstm_sequence; h (B, T, H) back in x's layout. */
+static dtr_tensor *dtr__lstm_layer_run(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
+                                       dtr_tensor **h_out, dtr_tensor **c_out) {
+    int64_t T = x->shape[1];
+    dtr_tensor *cs, *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
+    dtr_tensor *hs = gx ? dtr_lstm_sequence(ctx, gx, l->weight_hh, l->bias_hh, h, c, &cs) : NULL, *y;
     if (!hs) return NULL;
-    h = dtr__rnn_row(ctx, h, 1), c = dtr__rnn_row(ctx, c, 1);
-    for (t = 0; t < T && ctx->status == DTR_OK; t++) {
-        dtr_tensor *gt = dtr_slice(ctx, gx, 1, t, t + 1);
-        h = hs[t] = lstm ? dtr__lstm_step(ctx, ll, gt, h, c, &c) : dtr__gru_step(ctx, gl, gt, h);
-    }
+    y = dtr__rnn_swap(ctx, hs);
+    if (h_out) *h_out = dtr__rnn_at(ctx, hs, T - 1);
+    if (c_out) *c_out = dtr__rnn_at(ctx, cs, T - 1);
+    return ctx->status == DTR_OK ? y : NULL;
+}
+
+/* Runs the T steps of a GRU over x (B, T, I) and concatenates their h (B, T, H). */
+static dtr_tensor *dtr__gru_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
+    int64_t T = x->shape[1], t;
+    dtr_tensor *gx = dtr_linear(ctx, x, l->weight_ih, l->bias_ih), **hs, *y;
+    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), "dtr_gru_layer_forward");
+    if (!hs) return NULL;
+    h = dtr__rnn_row(ctx, h, 1);
+    for (t = 0; t < T && ctx->status == DTR_OK; t++) h = hs[t] = dtr__gru_step(ctx, l, dtr_slice(ctx, gx, 1, t, t + 1), h);
     if (ctx->status != DTR_OK) return NULL;
     y = dtr_concat(ctx, hs, (int)T, 1);
     if (h_out) *h_out = dtr__rnn_row(ctx, h, 0);
-    if (c_out) *c_out = dtr__rnn_row(ctx, c, 0);
     return ctx->status == DTR_OK ? y : NULL;
 }
 
@@ -156,7 +178,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_forward: layer is NULL");
     if (!dtr__rnn_check(ctx, "dtr_lstm_layer_forward", x, 3, l->in, l->hidden, h0, c0)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_layer_forward: a sequence of 0 steps");
-    return dtr__rnn_run(ctx, l, 1, x, h0, c0, h_out, c_out);
+    return dtr__lstm_layer_run(ctx, l, x, h0, c0, h_out, c_out);
 }
 
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
@@ -165,5 +187,5 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
     if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
-    return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
+    return dtr__gru_run(ctx, l, x, h0, h_out);
 }

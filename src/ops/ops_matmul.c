@@ -158,18 +158,21 @@ dtr_result dtr__cpu_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->in[2];
-    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1), r, j;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
     const float *G = nd->out->grad;
     float *gx = dtr__gradof(x), *gw = dtr__gradof(w), *gb = dtr__gradof(bias);
     /* dX (R, in) += G (R, out) W (out, in) */
     if (gx) dtr__gemm(ctx->pool, R, in, out, 1.0f, G, out, 1, dtr__f32(w), in, 1, 1.0f, gx, in);
     /* dW (out, in) += G^T (out, R) X (R, in) */
     if (gw) dtr__gemm(ctx->pool, out, in, R, 1.0f, G, 1, out, dtr__f32(x), in, 1, 1.0f, gw, in);
-    if (gb) {
-        for (r = 0; r < R; r++) {
-            const float *g = G + r * out;
-            for (j = 0; j < out; j++) gb[j] += g[j];
-        }
-    }
+    if (gb) dtr__rows_sum_into(G, R, out, gb);
     return DTR_OK;
+}
+
+void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
+    int64_t r;
+    for (r = 0; r < rows; r++) {
+        const float *x = X + r * n;
+        DTR__ELEMENTWISE(0, n, out[i] += x[i]);
+    }
 }

@@ -837,44 +837,70 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
-typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H, rows; } dtr__lstm_job;
+/* One cell pass over rows [b, e) (src/core/formulas.h's formulas at every unit, as element-wise
+   blocks: the loops vectorise, compiled again for AVX2 below). Forward: gates a (rows, 4H) (with
+   gx: a = gx + (a + bias) where a holds h W^T (hh 1), else gx + bias; bias may be NULL), the
+   cell before c (row stride ldc) or NULL (zeros),
+   y = [h | c'] (row stride 2H); with ts, the gates' activations replace a and tanh(c') goes to
+   ts (rows, H), for a backward without transcendentals. Backward from g = [gh | gc] (row stride
+   2H), a being pre-activations (ts NULL) or activations with ts: the gates' gradients added
+   into ga (rows, 4H) (written, with ts), the previous cell's into gc (row stride ldgc). */
+typedef struct dtr__lstm_job {
+    float *a, *y, *ga, *gc, *ts;
+    const float *gx, *bias, *c, *g;
+    int64_t H, ldc, ldgc;
+    int hh;
+} dtr__lstm_job;
 
-/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit, as element-wise
-   blocks (the loop vectorises; compiled again for AVX2 below) */
+/* the gates' pre-activations of a row: gx + (h W^T + bias), each part optional but gx */
+DTR__SIMD_BODY void dtr__lstm_gates_in(float *a, const float *gx, const float *bias, int hh, int64_t n) {
+    if (hh && bias) DTR__ELEMENTWISE(0, n, a[i] = gx[i] + (a[i] + bias[i]));
+    else if (hh) DTR__ELEMENTWISE(0, n, a[i] = gx[i] + a[i]);
+    else if (bias) DTR__ELEMENTWISE(0, n, a[i] = gx[i] + bias[i]);
+    else memcpy(a, gx, (size_t)n * sizeof(float));
+}
+
 DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
-    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL;
-    float *y = dtr__f32(j->nd->out);
     int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *cr = c ? c + r * H : NULL;
-        float *h = y + r * 2 * H, *c2 = h + H;
-        if (cr) DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i]));
-        else DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i]));
+        float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *h = j->y + r * 2 * H, *c2 = h + H, *t = j->ts;
+        const float *cr = j->c ? j->c + r * j->ldc : NULL, *gr = j->gx ? j->gx + r * 4 * H : NULL;
+        if (gr) dtr__lstm_gates_in(ai, gr, j->bias, j->hh, 4 * H);
+        if (t) {
+            t += r * H;
+            DTR__ELEMENTWISE(0, H, dtr__f_lstm_gates(ai[i], af[i], ag[i], ao[i], &ai[i], &af[i], &ag[i], &ao[i]));
+            if (cr) DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell_act(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i], &t[i]));
+            else DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell_act(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i], &t[i]));
+        } else if (cr) {
+            DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i]));
+        } else {
+            DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i]));
+        }
     }
 }
 
-/* gates' gradients written into the dense scratch d (R, 4H), c's into dc (R, H), then added */
 DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
-    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL, *g = j->nd->out->grad;
-    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]);
     int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *gh = g + r * 2 * H, *gcr = gh + H;
-        float di[64], df[64], dg[64], dout[64], dcp[64];
+        const float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *gh = j->g + r * 2 * H, *gcr = gh + H;
+        const float *c = j->c ? j->c + r * j->ldc : NULL, *t = j->ts ? j->ts + r * H : NULL;
+        float di[64], df[64], dg[64], dout[64], dcp[64], *q = j->ga ? j->ga + r * 4 * H : NULL, *gc = j->gc ? j->gc + r * j->ldgc : NULL;
         int64_t k0, k, n;
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
             n = H - k0 < 64 ? H - k0 : 64;
-            DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[r * H + k0 + i] : 0.0f,
-                                                         gh[k0 + i], gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
-            for (k = 0; ga && k < n; k++) {
-                float *q = ga + r * 4 * H + k0 + k;
-                q[0] += di[k], q[H] += df[k], q[2 * H] += dg[k], q[3 * H] += dout[k];
-            }
-            for (k = 0; gc && k < n; k++) gc[r * H + k0 + k] += dcp[k];
+            if (t)
+                DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad_act(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[k0 + i] : 0.0f,
+                                                             t[k0 + i], gh[k0 + i], gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
+            else
+                DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[k0 + i] : 0.0f, gh[k0 + i],
+                                                             gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
+            for (k = 0; q && t && k < n; k++) q[k0 + k] = di[k], q[H + k0 + k] = df[k], q[2 * H + k0 + k] = dg[k], q[3 * H + k0 + k] = dout[k];
+            for (k = 0; q && !t && k < n; k++) q[k0 + k] += di[k], q[H + k0 + k] += df[k], q[2 * H + k0 + k] += dg[k], q[3 * H + k0 + k] += dout[k];
+            for (k = 0; gc && k < n; k++) gc[k0 + k] += dcp[k];
         }
     }
 }
@@ -884,24 +910,192 @@ static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__l
 DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
-static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
+/* the cell's forward (bwd 0) or backward over `rows` rows, on the pool */
+static void dtr__lstm_run(dtr_context *ctx, dtr__lstm_job *j, int64_t rows, int bwd) {
+    dtr__task_fn fn = bwd ? (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)
+                          : (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range);
+    dtr__pool_run(ctx->pool, rows, 8, fn, j);
+}
+
+/* the cell op's job: gates in[0], c in[1] (both dense), y = [h | c'] */
+static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd, int64_t *rows) {
     dtr__lstm_job j;
-    j.nd = nd;
+    memset(&j, 0, sizeof j);
     j.H = nd->out->shape[nd->out->ndim - 1] / 2;
-    j.rows = j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0;
+    *rows = j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0;
+    j.a = dtr__f32(nd->in[0]), j.c = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, j.ldc = j.ldgc = j.H;
+    j.y = dtr__f32(nd->out), j.g = nd->out->grad;
+    j.ga = dtr__gradof(nd->in[0]), j.gc = dtr__gradof(nd->in[1]);
     return j;
 }
 
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_job j = dtr__lstm_job_of(nd);
-    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range, &j);
+    int64_t rows;
+    dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
+    dtr__lstm_run(ctx, &j, rows, 0);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_job j = dtr__lstm_job_of(nd);
-    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
-    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range, &j);
+    int64_t rows;
+    dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
+    if (j.ga || j.gc) dtr__lstm_run(ctx, &j, rows, 1);
+    return DTR_OK;
+}
+
+/* ---- LSTM over a sequence: gx (T, B, 4H), w_hh (4H, H), b_hh (4H), h0, c0 (B, H) (the last
+ * three optional) -> y (T, B, 2H), [h_t | c_t] at each step. When taped, the forward keeps
+ * every step's gate activations (T, B, 4H) and tanh(c_t) (T, B, H) (else one step's scratch). ---- */
+
+/* 1 when gx is (T, B, 4H) for w_hh (4H, H) with T, B, H > 0, b_hh (4H) and h0, c0 (B, H) or NULL;
+   else 0 with the context's error */
+static int dtr__lstm_seq_shapes_ok(dtr_context *ctx, const dtr_tensor *gx, const dtr_tensor *w, const dtr_tensor *b, const dtr_tensor *h0,
+                                   const dtr_tensor *c0) {
+    char s1[96], s2[96];
+    int64_t H = w->ndim == 2 ? w->shape[1] : 0;
+    const dtr_tensor *st = h0 && !(h0->ndim == 2 && h0->shape[0] == gx->shape[1] && h0->shape[1] == H) ? h0 : c0;
+    if (H == 0 || w->shape[0] != 4 * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: w_hh is %s, not (4H, H) with H > 0", dtr__shape_str(w, s1, sizeof s1)), 0;
+    if (gx->ndim != 3 || gx->shape[0] == 0 || gx->shape[1] == 0 || gx->shape[2] != 4 * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: gx is %s, not (T, B, %lld) with T, B > 0",
+                         dtr__shape_str(gx, s1, sizeof s1), (long long)(4 * H)), 0;
+    if (b && !(b->ndim == 1 && b->shape[0] == 4 * H))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: b_hh is %s, not (%lld)", dtr__shape_str(b, s1, sizeof s1),
+                         (long long)(4 * H)), 0;
+    if (st && !(st->ndim == 2 && st->shape[0] == gx->shape[1] && st->shape[1] == H))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: %s is %s, not (%lld, %lld)", st == h0 ? "h0" : "c0",
+                         dtr__shape_str(st, s2, sizeof s2), (long long)gx->shape[1], (long long)H), 0;
+    return 1;
+}
+
+dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0, dtr_tensor *c0,
+                              dtr_tensor **c_out) {
+    static const char fn[] = "dtr_lstm_sequence";
+    dtr_tensor *in[5], *out;
+    int64_t shape[3], H;
+    dtr__node *n;
+    int i;
+    if (!ctx) return NULL;
+    if (c_out) *c_out = NULL;
+    if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_sequence: c_out is NULL");
+    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0;
+    for (i = 0; i < 5; i++)
+        if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], i == 0 ? "gx" : i == 1 ? "w_hh" : i == 2 ? "b_hh" : i == 3 ? "h0" : "c0"))
+            return NULL;
+    if (!dtr__lstm_seq_shapes_ok(ctx, gx, w_hh, b_hh, h0, c0)) return NULL;
+    H = w_hh->shape[1];
+    for (i = 0; i < 5; i++)
+        if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
+    if (!(n = dtr__node_new(ctx, DTR_OP_LSTM, 5, in))) return NULL;
+    shape[0] = gx->shape[0], shape[1] = gx->shape[1], shape[2] = 2 * H;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
+    if (!n->out || !(out = dtr__record(ctx, n, fn))) return NULL;
+    *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
+    return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
+}
+
+/* the sequence op's tensors as pointers */
+typedef struct dtr__lstm_seq {
+    int64_t T, B, H, G;   /* G = 4 H */
+    const float *gx, *w, *b, *h0, *c0;
+    float *y;
+} dtr__lstm_seq;
+
+static dtr__lstm_seq dtr__lstm_seq_of(const dtr__node *nd) {
+    dtr__lstm_seq s;
+    s.T = nd->out->shape[0], s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1], s.G = 4 * s.H;
+    s.gx = dtr__f32(nd->in[0]), s.w = dtr__f32(nd->in[1]);
+    s.b = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    s.h0 = nd->in[3] ? dtr__f32(nd->in[3]) : NULL;
+    s.c0 = nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.y = dtr__f32(nd->out);
+    return s;
+}
+
+/* W_hh packed once for the op's every step: as the product's B, transposed (W^T (H, 4H),
+   forward) or not (W (4H, H), backward); unpacked when the arena has no room (same bits).
+   Returns the memory to give back (NULL: none) and its size in *bytes. */
+static float *dtr__lstm_seq_pack(dtr_context *ctx, const dtr__lstm_seq *s, int transposed, dtr__gemm_bpack *wp, size_t *bytes) {
+    int64_t K = transposed ? s->H : s->G, N = transposed ? s->G : s->H;
+    float *mem;
+    *bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
+    mem = (float *)dtr__arena_data(ctx, *bytes, "dtr_lstm_sequence");
+    if (!mem) dtr_context_clear_error(ctx);
+    dtr__gemm_bpack_fill(wp, s->w, transposed ? 1 : s->H, transposed ? s->H : 1, K, N, mem);
+    return mem;
+}
+
+/* a (B, 4H) = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0); 0 when there is no h (zeros) */
+static int dtr__lstm_seq_hh(dtr_context *ctx, const dtr__lstm_seq *s, const dtr__gemm_bpack *wt, int64_t t, float *a) {
+    const float *h = t ? s->y + (t - 1) * s->B * 2 * s->H : s->h0;
+    if (h) dtr__gemm_packed(ctx->pool, s->B, 1.0f, h, t ? 2 * s->H : s->H, 1, wt, 0.0f, a, s->G);
+    return h != NULL;
+}
+
+dtr_result dtr__cpu_lstm_seq_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
+    size_t step = (size_t)(s.B * s.G) * sizeof(float), bytes = nd->taped ? (size_t)s.T * step * 5 / 4 : step, wbytes;
+    float *A = (float *)(nd->taped ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence")), *wmem;
+    dtr__gemm_bpack wt;
+    dtr__lstm_job j;
+    int64_t t;
+    if (!A) return ctx->status;
+    wmem = dtr__lstm_seq_pack(ctx, &s, 1, &wt, &wbytes);
+    if (nd->taped) nd->saved = A;
+    memset(&j, 0, sizeof j);
+    j.H = s.H, j.bias = s.b;
+    for (t = 0; t < s.T; t++) {
+        j.a = nd->taped ? A + t * s.B * s.G : A;
+        j.ts = nd->taped ? A + s.T * s.B * s.G + t * s.B * s.H : NULL;
+        j.gx = s.gx + t * s.B * s.G, j.y = s.y + t * s.B * 2 * s.H;
+        j.c = t ? j.y - s.B * 2 * s.H + s.H : s.c0, j.ldc = t ? 2 * s.H : s.H;
+        j.hh = dtr__lstm_seq_hh(ctx, &s, &wt, t, j.a);
+        dtr__lstm_run(ctx, &j, s.B, 0);
+    }
+    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
+    if (!nd->taped) dtr__arena_give_back(ctx, A, bytes);
+    return DTR_OK;
+}
+
+/* the gradients of w_hh (every step's gates' gradient dA (T, B, 4H) against the h before it)
+   and b_hh (dA's column sums) */
+static void dtr__lstm_seq_weights(dtr_context *ctx, const dtr__lstm_seq *s, const float *dA, float *gw, float *gb) {
+    int64_t H = s->H, G = s->G, B = s->B;
+    if (gw && s->T > 1) dtr__gemm(ctx->pool, G, H, (s->T - 1) * B, 1.0f, dA + B * G, 1, G, s->y, 2 * H, 1, 1.0f, gw, H);
+    if (gw && s->h0) dtr__gemm(ctx->pool, G, H, B, 1.0f, dA, 1, G, s->h0, H, 1, 1.0f, gw, H);
+    if (gb) dtr__rows_sum_into(dA, s->T * B, G, gb);
+}
+
+/* Backward, steps in reverse: g = [gh | gc] of step t (y's gradient plus what step t + 1 sent
+   back) gives dA_t; then step t - 1's g gets dA_t W_hh (its h) and the cell's dc (its c). */
+dtr_result dtr__cpu_lstm_seq_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
+    int64_t H = s.H, G = s.G, B = s.B, t, n = s.T * B * G;
+    size_t bytes = (size_t)(n + 4 * B * H) * sizeof(float), wbytes;
+    float *gx = dtr__gradof(nd->in[0]), *gh0 = dtr__gradof(nd->in[3]), *dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence");
+    float *P[2], *cur, *wmem;
+    dtr__gemm_bpack wp;
+    dtr__lstm_job j;
+    if (!dA) return ctx->status;
+    wmem = dtr__lstm_seq_pack(ctx, &s, 0, &wp, &wbytes);
+    P[0] = dA + n, P[1] = P[0] + 2 * B * H;
+    memset(&j, 0, sizeof j);
+    j.H = H;
+    memcpy(cur = P[(s.T - 1) & 1], nd->out->grad + (s.T - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
+    for (t = s.T - 1; t >= 0; t--) {
+        float *prev = t ? P[(t - 1) & 1] : NULL;
+        if (prev) memcpy(prev, nd->out->grad + (t - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
+        j.a = (float *)nd->saved + t * B * G, j.ts = (float *)nd->saved + s.T * B * G + t * B * H, j.g = cur, j.ga = dA + t * B * G;
+        j.c = t ? s.y + (t - 1) * B * 2 * H + H : s.c0, j.ldc = t ? 2 * H : H;
+        j.gc = t ? prev + H : dtr__gradof(nd->in[4]), j.ldgc = t ? 2 * H : H;
+        dtr__lstm_run(ctx, &j, B, 1);
+        if (t || gh0) dtr__gemm_packed(ctx->pool, B, 1.0f, j.ga, G, 1, &wp, 1.0f, t ? prev : gh0, t ? 2 * H : H);
+        cur = prev;
+    }
+    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += dA[i]);
+    dtr__lstm_seq_weights(ctx, &s, dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
+    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
+    dtr__arena_give_back(ctx, dA, bytes);
     return DTR_OK;
 }
 

@@ -608,6 +608,21 @@ DTR_API dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *
  *  dtr_lstm_layer uses it (one kernel a step instead of a dozen ops). DTR_SHAPE_MISMATCH for
  *  a last axis not 4H or c not (..., H). Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dtr_tensor **c_out);
+/** A whole LSTM recurrence as one op (as cuDNN and oneDNN run one): gx (T, B, 4H), time-major,
+ *  the input's part of every step's gates (x_t W_ih^T + b_ih: one dtr_linear over all steps),
+ *  w_hh (4H, H), b_hh (4H) or NULL, h0 and c0 (B, H) or NULL (zeros). Step t's gates are
+ *  gx_t + (h_{t-1} W_hh^T + b_hh), then dtr_lstm_cell's formulas. Returns every step's h
+ *  (T, B, H) and sets *c_out to every step's c (T, B, H): views of one (T, B, 2H) output. The
+ *  values of T steps of dtr_linear, dtr_add and dtr_lstm_cell (bit for bit on the CPU) without
+ *  a node or a view a step: backward walks the steps in reverse with one GEMM a step (the
+ *  gradient of h) and one GEMM over all steps for w_hh's. Gradients reach gx, w_hh, b_hh, h0
+ *  and c0 from any step's h and c. dtr_lstm_layer_forward runs on it. 16-bit activations: the
+ *  recurrence runs in f32 inside the op and its output is rounded once.
+ *  @return NULL with the context's error: DTR_NULL_HANDLE (c_out NULL), DTR_SHAPE_MISMATCH
+ *          (w_hh not (4H, H), gx not (T, B, 4H) with T, B > 0, b_hh not (4H), h0 or c0 not
+ *          (B, H)). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0,
+                                      dtr_tensor *c0, dtr_tensor **c_out);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
