@@ -4751,9 +4751,10 @@ size_t dtr__gemm_bpack_floats(int64_t K, int64_t N);
 /** Packs B (K, N) (strides as dtr__gemm's) into mem (dtr__gemm_bpack_floats of them; NULL:
  *  nothing packed, each product packs its own) and describes it in *b. */
 void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64_t csb, int64_t K, int64_t N, float *mem);
-/** dtr__gemm with a B packed ahead: C (M, b->N) = alpha A (M, b->K) B + beta C, the same bits. */
-void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
-                      float beta, float *C, int64_t ldc);
+/** dtr__gemm with a B packed ahead: C (M, b->N) = alpha A (M, b->K) B + beta C, the same bits;
+ *  over p's threads (worker < 0) or as dtr__gemm_on on worker `worker`. */
+void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa,
+                      const dtr__gemm_bpack *b, float beta, float *C, int64_t ldc);
 /** dtr__gemm run entirely on the calling thread, which is worker `worker` of `p` (its packing
  *  buffers come from that worker's scratch). For callers that already split work
  *  over the pool. p NULL: private buffers of the calling thread. */
@@ -5577,7 +5578,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5581 "dtrain.h"
+#line 5582 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6034,7 +6035,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6038 "dtrain.h"
+#line 6039 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6096,7 +6097,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6100 "dtrain.h"
+#line 6101 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6475,7 +6476,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6479 "dtrain.h"
+#line 6480 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6518,7 +6519,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6522 "dtrain.h"
+#line 6523 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6552,7 +6553,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6556 "dtrain.h"
+#line 6557 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6611,7 +6612,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6615 "dtrain.h"
+#line 6616 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6685,7 +6686,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6689 "dtrain.h"
+#line 6690 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6753,7 +6754,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6757 "dtrain.h"
+#line 6758 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6828,7 +6829,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6832 "dtrain.h"
+#line 6833 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7180,7 +7181,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7184 "dtrain.h"
+#line 7185 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7996,6 +7997,25 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
     if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run(p, &j);
 }
 
+/** Runs a set-up job on the calling thread, worker `worker` of p. */
+static void dtr__gemm_run_on(dtr__pool *p, int worker, dtr__gemm_job *j) {
+    int64_t a_floats;
+    float *buf = p ? (float *)dtr__pool_scratch(p, worker, dtr__gemm_buf_floats(j, 0, &a_floats) * sizeof(float)) : NULL;
+    if (!buf) {   /* no pool, a worker index out of range, or out of memory */
+        dtr__gemm_serial_private(j);
+        return;
+    }
+    dtr__gemm_slab(j, 0, j->M, 0, j->N, buf);
+}
+
+void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t rsa, int64_t csa,
+                  const float *B, int64_t rsb, int64_t csb,
+                  float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run_on(p, worker, &j);
+}
+
 size_t dtr__gemm_bpack_floats(int64_t K, int64_t N) {
     const dtr__gemm_kernel *kn = dtr__gemm_pick();
     return (size_t)(K > 0 ? K : 0) * (size_t)(dtr__gemm_ceil(N > 0 ? N : 0, kn->nr) * kn->nr);
@@ -8009,30 +8029,15 @@ void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64
         kn->pack_b(B + pc * rsb, rsb, csb, dtr__gemm_min64(kc, K - pc), N, kn->nr, mem + pc * npad);
 }
 
-void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
-                      float beta, float *C, int64_t ldc) {
+void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa,
+                      const dtr__gemm_bpack *b, float beta, float *C, int64_t ldc) {
     dtr__gemm_job j;
     if (!dtr__gemm_setup(&j, p, M, b->N, b->K, alpha, A, rsa, csa, b->B, b->rsb, b->csb, beta, C, ldc)) return;
     j.bpre = b->packed;
-    dtr__gemm_run(p, &j);
+    if (worker < 0) dtr__gemm_run(p, &j);
+    else dtr__gemm_run_on(p, worker, &j);
 }
-
-void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float *A, int64_t rsa, int64_t csa,
-                  const float *B, int64_t rsb, int64_t csb,
-                  float beta, float *C, int64_t ldc) {
-    dtr__gemm_job j;
-    int64_t a_floats;
-    float *buf;
-    if (!dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return;
-    buf = p ? (float *)dtr__pool_scratch(p, worker, dtr__gemm_buf_floats(&j, 0, &a_floats) * sizeof(float)) : NULL;
-    if (!buf) {   /* no pool, a worker index out of range, or out of memory */
-        dtr__gemm_serial_private(&j);
-        return;
-    }
-    dtr__gemm_slab(&j, 0, M, 0, N, buf);
-}
-#line 8036 "dtrain.h"
+#line 8041 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8707,7 +8712,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8711 "dtrain.h"
+#line 8716 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8798,7 +8803,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8802 "dtrain.h"
+#line 8807 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9280,7 +9285,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9284 "dtrain.h"
+#line 9289 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9535,7 +9540,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9539 "dtrain.h"
+#line 9544 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9768,7 +9773,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9772 "dtrain.h"
+#line 9777 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9887,7 +9892,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9891 "dtrain.h"
+#line 9896 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9943,7 +9948,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9947 "dtrain.h"
+#line 9952 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10340,7 +10345,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10344 "dtrain.h"
+#line 10349 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10604,7 +10609,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10608 "dtrain.h"
+#line 10613 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11168,7 +11173,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11172 "dtrain.h"
+#line 11177 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11350,7 +11355,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11354 "dtrain.h"
+#line 11359 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12368,48 +12373,101 @@ static dtr__lstm_seq dtr__lstm_seq_of(const dtr__node *nd) {
     return s;
 }
 
-/* W_hh packed once for the op's every step: as the product's B, transposed (W^T (H, 4H),
-   forward) or not (W (4H, H), backward); unpacked when the arena has no room (same bits).
-   Returns the memory to give back (NULL: none) and its size in *bytes. */
-static float *dtr__lstm_seq_pack(dtr_context *ctx, const dtr__lstm_seq *s, int transposed, dtr__gemm_bpack *wp, size_t *bytes) {
-    int64_t K = transposed ? s->H : s->G, N = transposed ? s->G : s->H;
-    float *mem;
-    *bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
-    mem = (float *)dtr__arena_data(ctx, *bytes, "dtr_lstm_sequence");
-    if (!mem) dtr_context_clear_error(ctx);
-    dtr__gemm_bpack_fill(wp, s->w, transposed ? 1 : s->H, transposed ? s->H : 1, K, N, mem);
-    return mem;
+/* One pass of the sequence op over rows [b, e) of the batch (the rows are independent
+   sequences): its tensors, W_hh packed (transposed for the forward), the saved gates
+   (activations, every step's when `all`, else one step's) and tanh(c') (NULL untaped), and
+   backward's buffers. With threads, each worker walks every step of its own rows (its products
+   on its own packing memory: no synchronisation a step); a batch too small to split walks the
+   steps with each product and cell pass over the whole pool (worker -1). */
+typedef struct dtr__lstm_walk {
+    dtr__lstm_seq s;
+    dtr_context *ctx;
+    dtr__gemm_bpack w;
+    float *A, *ts, *dA, *P[2], *gh0, *gc0;   /* backward: gates' gradients (T, B, 4H); [gh | gc] a step (ping-pong) */
+    const float *gy;
+    int all, bwd;
+} dtr__lstm_walk;
+
+/* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
+static void dtr__lstm_cells(const dtr__lstm_walk *k, dtr__lstm_job *j, int64_t b, int64_t e, int w) {
+    if (w < 0) dtr__lstm_run(k->ctx, j, e, k->bwd);
+    else if (k->bwd) (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)(j, b, e, w);
+    else (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range)(j, b, e, w);
 }
 
-/* a (B, 4H) = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0); 0 when there is no h (zeros) */
-static int dtr__lstm_seq_hh(dtr_context *ctx, const dtr__lstm_seq *s, const dtr__gemm_bpack *wt, int64_t t, float *a) {
-    const float *h = t ? s->y + (t - 1) * s->B * 2 * s->H : s->h0;
-    if (h) dtr__gemm_packed(ctx->pool, s->B, 1.0f, h, t ? 2 * s->H : s->H, 1, wt, 0.0f, a, s->G);
-    return h != NULL;
+/* step t over rows [b, e): a = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0, or none), then
+   the cells with gx and b_hh */
+static void dtr__lstm_fwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__lstm_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, ldh = t ? 2 * H : H;
+    const float *h = t ? s->y + (t - 1) * B * 2 * H : s->h0;
+    dtr__lstm_job j;
+    memset(&j, 0, sizeof j);
+    j.H = H, j.bias = s->b, j.hh = h != NULL;
+    j.a = k->A + (k->all ? t : 0) * B * G, j.ts = k->ts ? k->ts + t * B * H : NULL;
+    j.gx = s->gx + t * B * G, j.y = s->y + t * B * 2 * H;
+    j.c = t ? j.y - B * 2 * H + H : s->c0, j.ldc = ldh;
+    if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, j.a + b * G, G);
+    dtr__lstm_cells(k, &j, b, e, w);
+}
+
+/* Backward step t over rows [b, e): g = [gh | gc] (y's gradient plus what step t + 1 sent back)
+   gives dA_t; step t - 1's g (or h0's and c0's gradients) gets dA_t W_hh and the cell's dc. */
+static void dtr__lstm_bwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__lstm_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, ld = t ? 2 * H : H;
+    float *cur = k->P[t & 1], *prev = t ? k->P[(t - 1) & 1] : NULL;
+    size_t rows = (size_t)((e - b) * 2 * H) * sizeof(float);
+    dtr__lstm_job j;
+    if (t == s->T - 1) memcpy(cur + b * 2 * H, k->gy + (t * B + b) * 2 * H, rows);
+    if (prev) memcpy(prev + b * 2 * H, k->gy + ((t - 1) * B + b) * 2 * H, rows);
+    memset(&j, 0, sizeof j);
+    j.H = H, j.a = k->A + t * B * G, j.ts = k->ts + t * B * H, j.g = cur, j.ga = k->dA + t * B * G;
+    j.c = t ? s->y + (t - 1) * B * 2 * H + H : s->c0, j.ldc = ld;
+    j.gc = t ? prev + H : k->gc0, j.ldgc = ld;
+    dtr__lstm_cells(k, &j, b, e, w);
+    if (t || k->gh0) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, j.ga + b * G, G, 1, &k->w, 1.0f, (t ? prev : k->gh0) + b * ld, ld);
+}
+
+/* every step of rows [b, e), in order (forward) or in reverse */
+static void dtr__lstm_rows(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__lstm_walk *k = (const dtr__lstm_walk *)arg;
+    int64_t t;
+    for (t = 0; t < k->s.T; t++) {
+        if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, b, e, w);
+        else dtr__lstm_fwd_step(k, t, b, e, w);
+    }
+}
+
+/* W_hh packed (arena memory, given back after; unpacked when the arena has no room: the same
+   bits), then the walk: rows split over the workers when each gets 8, else step by step */
+static void dtr__lstm_walk_run(dtr__lstm_walk *k) {
+    int64_t K = k->bwd ? k->s.G : k->s.H, N = k->bwd ? k->s.H : k->s.G, t;
+    size_t bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
+    int threads = dtr__pool_threads(k->ctx->pool);
+    float *mem = (float *)dtr__arena_data(k->ctx, bytes, "dtr_lstm_sequence");
+    if (!mem) dtr_context_clear_error(k->ctx);
+    dtr__gemm_bpack_fill(&k->w, k->s.w, k->bwd ? k->s.H : 1, k->bwd ? 1 : k->s.H, K, N, mem);
+    if (threads <= 1 || k->s.B >= 8 * threads) dtr__pool_run(k->ctx->pool, k->s.B, 8, dtr__lstm_rows, k);
+    else
+        for (t = 0; t < k->s.T; t++) {
+            if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, 0, k->s.B, -1);
+            else dtr__lstm_fwd_step(k, t, 0, k->s.B, -1);
+        }
+    if (mem) dtr__arena_give_back(k->ctx, mem, bytes);
 }
 
 dtr_result dtr__cpu_lstm_seq_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
-    size_t step = (size_t)(s.B * s.G) * sizeof(float), bytes = nd->taped ? (size_t)s.T * step * 5 / 4 : step, wbytes;
-    float *A = (float *)(nd->taped ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence")), *wmem;
-    dtr__gemm_bpack wt;
-    dtr__lstm_job j;
-    int64_t t;
-    if (!A) return ctx->status;
-    wmem = dtr__lstm_seq_pack(ctx, &s, 1, &wt, &wbytes);
-    if (nd->taped) nd->saved = A;
-    memset(&j, 0, sizeof j);
-    j.H = s.H, j.bias = s.b;
-    for (t = 0; t < s.T; t++) {
-        j.a = nd->taped ? A + t * s.B * s.G : A;
-        j.ts = nd->taped ? A + s.T * s.B * s.G + t * s.B * s.H : NULL;
-        j.gx = s.gx + t * s.B * s.G, j.y = s.y + t * s.B * 2 * s.H;
-        j.c = t ? j.y - s.B * 2 * s.H + s.H : s.c0, j.ldc = t ? 2 * s.H : s.H;
-        j.hh = dtr__lstm_seq_hh(ctx, &s, &wt, t, j.a);
-        dtr__lstm_run(ctx, &j, s.B, 0);
-    }
-    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
-    if (!nd->taped) dtr__arena_give_back(ctx, A, bytes);
+    dtr__lstm_walk k;
+    size_t step, bytes;
+    memset(&k, 0, sizeof k);
+    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = nd->taped;
+    step = (size_t)(k.s.B * k.s.G) * sizeof(float), bytes = k.all ? (size_t)k.s.T * step * 5 / 4 : step;
+    k.A = (float *)(k.all ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"));
+    if (!k.A) return ctx->status;
+    if (k.all) nd->saved = k.A, k.ts = k.A + k.s.T * k.s.B * k.s.G;
+    dtr__lstm_walk_run(&k);
+    if (!k.all) dtr__arena_give_back(ctx, k.A, bytes);
     return DTR_OK;
 }
 
@@ -12422,36 +12480,22 @@ static void dtr__lstm_seq_weights(dtr_context *ctx, const dtr__lstm_seq *s, cons
     if (gb) dtr__rows_sum_into(dA, s->T * B, G, gb);
 }
 
-/* Backward, steps in reverse: g = [gh | gc] of step t (y's gradient plus what step t + 1 sent
-   back) gives dA_t; then step t - 1's g gets dA_t W_hh (its h) and the cell's dc (its c). */
 dtr_result dtr__cpu_lstm_seq_bwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
-    int64_t H = s.H, G = s.G, B = s.B, t, n = s.T * B * G;
-    size_t bytes = (size_t)(n + 4 * B * H) * sizeof(float), wbytes;
-    float *gx = dtr__gradof(nd->in[0]), *gh0 = dtr__gradof(nd->in[3]), *dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence");
-    float *P[2], *cur, *wmem;
-    dtr__gemm_bpack wp;
-    dtr__lstm_job j;
-    if (!dA) return ctx->status;
-    wmem = dtr__lstm_seq_pack(ctx, &s, 0, &wp, &wbytes);
-    P[0] = dA + n, P[1] = P[0] + 2 * B * H;
-    memset(&j, 0, sizeof j);
-    j.H = H;
-    memcpy(cur = P[(s.T - 1) & 1], nd->out->grad + (s.T - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
-    for (t = s.T - 1; t >= 0; t--) {
-        float *prev = t ? P[(t - 1) & 1] : NULL;
-        if (prev) memcpy(prev, nd->out->grad + (t - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
-        j.a = (float *)nd->saved + t * B * G, j.ts = (float *)nd->saved + s.T * B * G + t * B * H, j.g = cur, j.ga = dA + t * B * G;
-        j.c = t ? s.y + (t - 1) * B * 2 * H + H : s.c0, j.ldc = t ? 2 * H : H;
-        j.gc = t ? prev + H : dtr__gradof(nd->in[4]), j.ldgc = t ? 2 * H : H;
-        dtr__lstm_run(ctx, &j, B, 1);
-        if (t || gh0) dtr__gemm_packed(ctx->pool, B, 1.0f, j.ga, G, 1, &wp, 1.0f, t ? prev : gh0, t ? 2 * H : H);
-        cur = prev;
-    }
-    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += dA[i]);
-    dtr__lstm_seq_weights(ctx, &s, dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
-    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
-    dtr__arena_give_back(ctx, dA, bytes);
+    dtr__lstm_walk k;
+    int64_t n;
+    size_t bytes;
+    float *gx = dtr__gradof(nd->in[0]);
+    memset(&k, 0, sizeof k);
+    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = k.bwd = 1, n = k.s.T * k.s.B * k.s.G;
+    k.A = (float *)nd->saved, k.ts = k.A + n, k.gy = nd->out->grad;
+    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = dtr__gradof(nd->in[4]);
+    bytes = (size_t)(n + 4 * k.s.B * k.s.H) * sizeof(float);
+    if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"))) return ctx->status;
+    k.P[0] = k.dA + n, k.P[1] = k.P[0] + 2 * k.s.B * k.s.H;
+    dtr__lstm_walk_run(&k);
+    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += k.dA[i]);
+    dtr__lstm_seq_weights(ctx, &k.s, k.dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
+    dtr__arena_give_back(ctx, k.dA, bytes);
     return DTR_OK;
 }
 
@@ -12822,7 +12866,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12826 "dtrain.h"
+#line 12870 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13729,7 +13773,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13733 "dtrain.h"
+#line 13777 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -13991,7 +14035,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 13995 "dtrain.h"
+#line 14039 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14361,7 +14405,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14365 "dtrain.h"
+#line 14409 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14495,7 +14539,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14499 "dtrain.h"
+#line 14543 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15272,7 +15316,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15276 "dtrain.h"
+#line 15320 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15664,7 +15708,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15668 "dtrain.h"
+#line 15712 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15940,7 +15984,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15944 "dtrain.h"
+#line 15988 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16135,7 +16179,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__gru_run(ctx, l, x, h0, h_out);
 }
-#line 16139 "dtrain.h"
+#line 16183 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16390,7 +16434,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16394 "dtrain.h"
+#line 16438 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16935,7 +16979,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16939 "dtrain.h"
+#line 16983 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17073,7 +17117,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17077 "dtrain.h"
+#line 17121 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17420,7 +17464,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17424 "dtrain.h"
+#line 17468 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17486,7 +17530,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17490 "dtrain.h"
+#line 17534 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17723,7 +17767,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17727 "dtrain.h"
+#line 17771 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18472,7 +18516,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18476 "dtrain.h"
+#line 18520 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18925,7 +18969,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18929 "dtrain.h"
+#line 18973 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -18981,7 +19025,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 18985 "dtrain.h"
+#line 19029 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19758,7 +19802,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19762 "dtrain.h"
+#line 19806 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20339,7 +20383,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20343 "dtrain.h"
+#line 20387 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -20970,7 +21014,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 20974 "dtrain.h"
+#line 21018 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21766,7 +21810,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21770 "dtrain.h"
+#line 21814 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22119,7 +22163,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22123 "dtrain.h"
+#line 22167 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22309,7 +22353,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22313 "dtrain.h"
+#line 22357 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22490,7 +22534,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22494 "dtrain.h"
+#line 22538 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23265,7 +23309,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23269 "dtrain.h"
+#line 23313 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23782,7 +23826,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23786 "dtrain.h"
+#line 23830 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24577,7 +24621,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24581 "dtrain.h"
+#line 24625 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25825,7 +25869,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25829 "dtrain.h"
+#line 25873 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26447,7 +26491,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26451 "dtrain.h"
+#line 26495 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26948,7 +26992,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26952 "dtrain.h"
+#line 26996 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27678,7 +27722,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27682 "dtrain.h"
+#line 27726 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27914,7 +27958,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27918 "dtrain.h"
+#line 27962 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28043,7 +28087,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28047 "dtrain.h"
+#line 28091 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28480,7 +28524,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28484 "dtrain.h"
+#line 28528 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -28973,7 +29017,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 28977 "dtrain.h"
+#line 29021 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29522,7 +29566,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29526 "dtrain.h"
+#line 29570 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30028,7 +30072,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30032 "dtrain.h"
+#line 30076 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31577,7 +31621,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31581 "dtrain.h"
+#line 31625 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31631,7 +31675,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31635 "dtrain.h"
+#line 31679 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32809,7 +32853,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32813 "dtrain.h"
+#line 32857 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33712,7 +33756,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33716 "dtrain.h"
+#line 33760 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35190,7 +35234,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35194 "dtrain.h"
+#line 35238 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35583,7 +35627,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35587 "dtrain.h"
+#line 35631 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35732,7 +35776,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35736 "dtrain.h"
+#line 35780 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

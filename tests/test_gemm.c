@@ -443,7 +443,7 @@ static void test_gemm_on(void) {
 
 /* dtr__gemm_packed (B packed once, as an LSTM's recurrent weight) gives dtr__gemm's bits: B
    stored (K, N) or transposed, K past one K block, N past one N block, beta 0 and 1, no pool
-   and 1-3 threads, and with no packing memory (mem NULL: each call packs its own) */
+   and 1-3 threads, on one worker, and with no packing memory (mem NULL: each call packs its own) */
 static void test_gemm_packed(void) {
     static const int64_t shapes[][3] = {{33, 512, 128}, {7, 1031, 700}, {64, 40, 1500}, {1, 17, 3}};
     size_t i;
@@ -465,9 +465,13 @@ static void test_gemm_packed(void) {
                         memcpy(ref, C0, sizeof(float) * (size_t)(M * N)), memcpy(got, C0, sizeof(float) * (size_t)(M * N));
                         dtr__gemm(p, M, N, K, 0.75f, A, K, 1, B, rsb, csb, (float)beta, ref, N);
                         dtr__gemm_bpack_fill(&bp, B, rsb, csb, K, N, packed ? mem : NULL);
-                        dtr__gemm_packed(p, M, 0.75f, A, K, 1, &bp, (float)beta, got, N);
+                        dtr__gemm_packed(p, -1, M, 0.75f, A, K, 1, &bp, (float)beta, got, N);
                         CHECK_MSG(memcmp(ref, got, sizeof(float) * (size_t)(M * N)) == 0, "%lld x %lld x %lld, B %s, %d threads, beta %d%s",
                                   (long long)M, (long long)N, (long long)K, tb ? "transposed" : "as stored", t, beta, packed ? "" : ", unpacked");
+                        memcpy(got, C0, sizeof(float) * (size_t)(M * N));   /* on one worker, the last */
+                        dtr__gemm_packed(p, t ? t - 1 : 0, M, 0.75f, A, K, 1, &bp, (float)beta, got, N);
+                        CHECK_MSG(memcmp(ref, got, sizeof(float) * (size_t)(M * N)) == 0, "on a worker: %lld x %lld x %lld, %d threads",
+                                  (long long)M, (long long)N, (long long)K, t);
                         if (p) dtr__pool_destroy(p);
                     }
         free(A); free(B); free(C0); free(ref); free(got); free(mem);

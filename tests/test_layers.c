@@ -6,8 +6,10 @@
  *                         nn.LSTM's and nn.GRU's (batch_first); the step functions give the
  *                         sequence's rows; a NULL state is zeros.
  *   test_lstm_sequence    dtr_lstm_sequence's h and c at every step equal, bit for bit, the
- *                         steps made of dtr_linear, dtr_add and dtr_lstm_cell (1 and 2 threads,
- *                         with and without bias and state); bad shapes are errors.
+ *                         steps made of dtr_linear, dtr_add and dtr_lstm_cell (1, 2 and 5
+ *                         threads, with and without bias and state); its gradients are the same
+ *                         bits whether each worker walks its own rows or the steps run over
+ *                         the whole pool; bad shapes are errors.
  *   test_rnn_learns       an LSTM and a GRU learn to add two numbers shown at marked steps of
  *                         a noisy sequence (a memory task a feed-forward net cannot do).
  *   test_group_norm_torch dtr_group_norm and its layer against F.group_norm, with the
@@ -222,6 +224,45 @@ static void check_sequence_bits(int threads, int full) {
     dtr_context_destroy(ctx);
 }
 
+/* the gradients of gx, w_hh, b_hh, h0 and c0 from every step's h and c (dtr_backward_from with a
+   fixed gradient) into g (in that order): each worker walking its own rows (1 and 2 threads) or
+   the steps over the whole pool (5 threads: 33 rows are too few to split) */
+static void sequence_grads(int threads, float *g) {
+    static float gx[SQ_T * SQ_B * 4 * SQ_H], w[4 * SQ_H * SQ_H], b[4 * SQ_H], h0[SQ_B * SQ_H], c0[SQ_B * SQ_H];
+    static float dy[SQ_T * SQ_B * 2 * SQ_H];
+    dtr_context *ctx = test_ctx(threads);
+    int64_t gs[3] = {SQ_T, SQ_B, 4 * SQ_H}, ws[2] = {4 * SQ_H, SQ_H}, bs = 4 * SQ_H, ss[2] = {SQ_B, SQ_H};
+    dtr_tensor *in[5], *cs, *hs, *both[2];
+    int i;
+    int64_t n[5] = {SQ_T * SQ_B * 4 * SQ_H, 4 * SQ_H * SQ_H, 4 * SQ_H, SQ_B * SQ_H, SQ_B * SQ_H};
+    fill(gx, (int)n[0], 1.5, 0.37, 0.1, 0), fill(w, (int)n[1], 0.3, 0.71, 0.4, 1), fill(b, (int)n[2], 0.5, 1.3, 0.2, 0);
+    fill(h0, (int)n[3], 0.8, 0.53, 0.3, 1), fill(c0, (int)n[4], 1.2, 0.29, 0.7, 0), fill(dy, SQ_T * SQ_B * 2 * SQ_H, 1.0, 0.61, 0.5, 1);
+    in[0] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, gs, gx));
+    in[1] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ws, w));
+    in[2] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &bs, b));
+    in[3] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ss, h0));
+    in[4] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ss, c0));
+    hs = dtr_lstm_sequence(ctx, in[0], in[1], in[2], in[3], in[4], &cs);
+    both[0] = hs, both[1] = cs;
+    CHECK_OK(ctx, dtr_backward_from(ctx, dtr_concat(ctx, both, 2, -1), dy));
+    for (i = 0; i < 5; i++) {
+        CHECK(dtr_tensor_read_grad(in[i], g, n[i]) == DTR_OK);
+        g += n[i];
+    }
+    dtr_context_destroy(ctx);
+}
+
+static void check_sequence_grads(void) {
+    enum { NG = SQ_T * SQ_B * 4 * SQ_H + 4 * SQ_H * SQ_H + 4 * SQ_H + 2 * SQ_B * SQ_H };
+    static float g1[NG], g2[NG], g5[NG];
+    int k, nonzero = 0;
+    sequence_grads(1, g1), sequence_grads(2, g2), sequence_grads(5, g5);
+    for (k = 0; k < NG; k++) nonzero += g1[k] != 0.0f;
+    CHECK_MSG(nonzero > NG * 9 / 10, "%d of %d gradients nonzero", nonzero, NG);
+    CHECK_MSG(memcmp(g1, g2, sizeof g1) == 0, "the gradients at 2 threads (rows split) differ from 1 thread's");
+    CHECK_MSG(memcmp(g1, g5, sizeof g1) == 0, "the gradients at 5 threads (step by step) differ from 1 thread's");
+}
+
 /* bad shapes: a clear error and no tensor */
 static void check_sequence_errors(void) {
     dtr_context *ctx = test_ctx(1);
@@ -250,6 +291,8 @@ static void test_lstm_sequence(void) {
     check_sequence_bits(1, 1);
     check_sequence_bits(2, 1);
     check_sequence_bits(2, 0);
+    check_sequence_bits(5, 1);
+    check_sequence_grads();
     check_sequence_errors();
 }
 

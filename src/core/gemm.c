@@ -810,6 +810,25 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
     if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run(p, &j);
 }
 
+/** Runs a set-up job on the calling thread, worker `worker` of p. */
+static void dtr__gemm_run_on(dtr__pool *p, int worker, dtr__gemm_job *j) {
+    int64_t a_floats;
+    float *buf = p ? (float *)dtr__pool_scratch(p, worker, dtr__gemm_buf_floats(j, 0, &a_floats) * sizeof(float)) : NULL;
+    if (!buf) {   /* no pool, a worker index out of range, or out of memory */
+        dtr__gemm_serial_private(j);
+        return;
+    }
+    dtr__gemm_slab(j, 0, j->M, 0, j->N, buf);
+}
+
+void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t rsa, int64_t csa,
+                  const float *B, int64_t rsb, int64_t csb,
+                  float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run_on(p, worker, &j);
+}
+
 size_t dtr__gemm_bpack_floats(int64_t K, int64_t N) {
     const dtr__gemm_kernel *kn = dtr__gemm_pick();
     return (size_t)(K > 0 ? K : 0) * (size_t)(dtr__gemm_ceil(N > 0 ? N : 0, kn->nr) * kn->nr);
@@ -823,26 +842,11 @@ void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64
         kn->pack_b(B + pc * rsb, rsb, csb, dtr__gemm_min64(kc, K - pc), N, kn->nr, mem + pc * npad);
 }
 
-void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
-                      float beta, float *C, int64_t ldc) {
+void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa,
+                      const dtr__gemm_bpack *b, float beta, float *C, int64_t ldc) {
     dtr__gemm_job j;
     if (!dtr__gemm_setup(&j, p, M, b->N, b->K, alpha, A, rsa, csa, b->B, b->rsb, b->csb, beta, C, ldc)) return;
     j.bpre = b->packed;
-    dtr__gemm_run(p, &j);
-}
-
-void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float *A, int64_t rsa, int64_t csa,
-                  const float *B, int64_t rsb, int64_t csb,
-                  float beta, float *C, int64_t ldc) {
-    dtr__gemm_job j;
-    int64_t a_floats;
-    float *buf;
-    if (!dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return;
-    buf = p ? (float *)dtr__pool_scratch(p, worker, dtr__gemm_buf_floats(&j, 0, &a_floats) * sizeof(float)) : NULL;
-    if (!buf) {   /* no pool, a worker index out of range, or out of memory */
-        dtr__gemm_serial_private(&j);
-        return;
-    }
-    dtr__gemm_slab(&j, 0, M, 0, N, buf);
+    if (worker < 0) dtr__gemm_run(p, &j);
+    else dtr__gemm_run_on(p, worker, &j);
 }

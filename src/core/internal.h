@@ -65,9 +65,10 @@ size_t dtr__gemm_bpack_floats(int64_t K, int64_t N);
 /** Packs B (K, N) (strides as dtr__gemm's) into mem (dtr__gemm_bpack_floats of them; NULL:
  *  nothing packed, each product packs its own) and describes it in *b. */
 void dtr__gemm_bpack_fill(dtr__gemm_bpack *b, const float *B, int64_t rsb, int64_t csb, int64_t K, int64_t N, float *mem);
-/** dtr__gemm with a B packed ahead: C (M, b->N) = alpha A (M, b->K) B + beta C, the same bits. */
-void dtr__gemm_packed(dtr__pool *p, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa, const dtr__gemm_bpack *b,
-                      float beta, float *C, int64_t ldc);
+/** dtr__gemm with a B packed ahead: C (M, b->N) = alpha A (M, b->K) B + beta C, the same bits;
+ *  over p's threads (worker < 0) or as dtr__gemm_on on worker `worker`. */
+void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const float *A, int64_t rsa, int64_t csa,
+                      const dtr__gemm_bpack *b, float beta, float *C, int64_t ldc);
 /** dtr__gemm run entirely on the calling thread, which is worker `worker` of `p` (its packing
  *  buffers come from that worker's scratch). For callers that already split work
  *  over the pool. p NULL: private buffers of the calling thread. */

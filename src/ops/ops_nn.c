@@ -1012,48 +1012,101 @@ static dtr__lstm_seq dtr__lstm_seq_of(const dtr__node *nd) {
     return s;
 }
 
-/* W_hh packed once for the op's every step: as the product's B, transposed (W^T (H, 4H),
-   forward) or not (W (4H, H), backward); unpacked when the arena has no room (same bits).
-   Returns the memory to give back (NULL: none) and its size in *bytes. */
-static float *dtr__lstm_seq_pack(dtr_context *ctx, const dtr__lstm_seq *s, int transposed, dtr__gemm_bpack *wp, size_t *bytes) {
-    int64_t K = transposed ? s->H : s->G, N = transposed ? s->G : s->H;
-    float *mem;
-    *bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
-    mem = (float *)dtr__arena_data(ctx, *bytes, "dtr_lstm_sequence");
-    if (!mem) dtr_context_clear_error(ctx);
-    dtr__gemm_bpack_fill(wp, s->w, transposed ? 1 : s->H, transposed ? s->H : 1, K, N, mem);
-    return mem;
+/* One pass of the sequence op over rows [b, e) of the batch (the rows are independent
+   sequences): its tensors, W_hh packed (transposed for the forward), the saved gates
+   (activations, every step's when `all`, else one step's) and tanh(c') (NULL untaped), and
+   backward's buffers. With threads, each worker walks every step of its own rows (its products
+   on its own packing memory: no synchronisation a step); a batch too small to split walks the
+   steps with each product and cell pass over the whole pool (worker -1). */
+typedef struct dtr__lstm_walk {
+    dtr__lstm_seq s;
+    dtr_context *ctx;
+    dtr__gemm_bpack w;
+    float *A, *ts, *dA, *P[2], *gh0, *gc0;   /* backward: gates' gradients (T, B, 4H); [gh | gc] a step (ping-pong) */
+    const float *gy;
+    int all, bwd;
+} dtr__lstm_walk;
+
+/* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
+static void dtr__lstm_cells(const dtr__lstm_walk *k, dtr__lstm_job *j, int64_t b, int64_t e, int w) {
+    if (w < 0) dtr__lstm_run(k->ctx, j, e, k->bwd);
+    else if (k->bwd) (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)(j, b, e, w);
+    else (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range)(j, b, e, w);
 }
 
-/* a (B, 4H) = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0); 0 when there is no h (zeros) */
-static int dtr__lstm_seq_hh(dtr_context *ctx, const dtr__lstm_seq *s, const dtr__gemm_bpack *wt, int64_t t, float *a) {
-    const float *h = t ? s->y + (t - 1) * s->B * 2 * s->H : s->h0;
-    if (h) dtr__gemm_packed(ctx->pool, s->B, 1.0f, h, t ? 2 * s->H : s->H, 1, wt, 0.0f, a, s->G);
-    return h != NULL;
+/* step t over rows [b, e): a = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0, or none), then
+   the cells with gx and b_hh */
+static void dtr__lstm_fwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__lstm_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, ldh = t ? 2 * H : H;
+    const float *h = t ? s->y + (t - 1) * B * 2 * H : s->h0;
+    dtr__lstm_job j;
+    memset(&j, 0, sizeof j);
+    j.H = H, j.bias = s->b, j.hh = h != NULL;
+    j.a = k->A + (k->all ? t : 0) * B * G, j.ts = k->ts ? k->ts + t * B * H : NULL;
+    j.gx = s->gx + t * B * G, j.y = s->y + t * B * 2 * H;
+    j.c = t ? j.y - B * 2 * H + H : s->c0, j.ldc = ldh;
+    if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, j.a + b * G, G);
+    dtr__lstm_cells(k, &j, b, e, w);
+}
+
+/* Backward step t over rows [b, e): g = [gh | gc] (y's gradient plus what step t + 1 sent back)
+   gives dA_t; step t - 1's g (or h0's and c0's gradients) gets dA_t W_hh and the cell's dc. */
+static void dtr__lstm_bwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__lstm_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, ld = t ? 2 * H : H;
+    float *cur = k->P[t & 1], *prev = t ? k->P[(t - 1) & 1] : NULL;
+    size_t rows = (size_t)((e - b) * 2 * H) * sizeof(float);
+    dtr__lstm_job j;
+    if (t == s->T - 1) memcpy(cur + b * 2 * H, k->gy + (t * B + b) * 2 * H, rows);
+    if (prev) memcpy(prev + b * 2 * H, k->gy + ((t - 1) * B + b) * 2 * H, rows);
+    memset(&j, 0, sizeof j);
+    j.H = H, j.a = k->A + t * B * G, j.ts = k->ts + t * B * H, j.g = cur, j.ga = k->dA + t * B * G;
+    j.c = t ? s->y + (t - 1) * B * 2 * H + H : s->c0, j.ldc = ld;
+    j.gc = t ? prev + H : k->gc0, j.ldgc = ld;
+    dtr__lstm_cells(k, &j, b, e, w);
+    if (t || k->gh0) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, j.ga + b * G, G, 1, &k->w, 1.0f, (t ? prev : k->gh0) + b * ld, ld);
+}
+
+/* every step of rows [b, e), in order (forward) or in reverse */
+static void dtr__lstm_rows(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__lstm_walk *k = (const dtr__lstm_walk *)arg;
+    int64_t t;
+    for (t = 0; t < k->s.T; t++) {
+        if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, b, e, w);
+        else dtr__lstm_fwd_step(k, t, b, e, w);
+    }
+}
+
+/* W_hh packed (arena memory, given back after; unpacked when the arena has no room: the same
+   bits), then the walk: rows split over the workers when each gets 8, else step by step */
+static void dtr__lstm_walk_run(dtr__lstm_walk *k) {
+    int64_t K = k->bwd ? k->s.G : k->s.H, N = k->bwd ? k->s.H : k->s.G, t;
+    size_t bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
+    int threads = dtr__pool_threads(k->ctx->pool);
+    float *mem = (float *)dtr__arena_data(k->ctx, bytes, "dtr_lstm_sequence");
+    if (!mem) dtr_context_clear_error(k->ctx);
+    dtr__gemm_bpack_fill(&k->w, k->s.w, k->bwd ? k->s.H : 1, k->bwd ? 1 : k->s.H, K, N, mem);
+    if (threads <= 1 || k->s.B >= 8 * threads) dtr__pool_run(k->ctx->pool, k->s.B, 8, dtr__lstm_rows, k);
+    else
+        for (t = 0; t < k->s.T; t++) {
+            if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, 0, k->s.B, -1);
+            else dtr__lstm_fwd_step(k, t, 0, k->s.B, -1);
+        }
+    if (mem) dtr__arena_give_back(k->ctx, mem, bytes);
 }
 
 dtr_result dtr__cpu_lstm_seq_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
-    size_t step = (size_t)(s.B * s.G) * sizeof(float), bytes = nd->taped ? (size_t)s.T * step * 5 / 4 : step, wbytes;
-    float *A = (float *)(nd->taped ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence")), *wmem;
-    dtr__gemm_bpack wt;
-    dtr__lstm_job j;
-    int64_t t;
-    if (!A) return ctx->status;
-    wmem = dtr__lstm_seq_pack(ctx, &s, 1, &wt, &wbytes);
-    if (nd->taped) nd->saved = A;
-    memset(&j, 0, sizeof j);
-    j.H = s.H, j.bias = s.b;
-    for (t = 0; t < s.T; t++) {
-        j.a = nd->taped ? A + t * s.B * s.G : A;
-        j.ts = nd->taped ? A + s.T * s.B * s.G + t * s.B * s.H : NULL;
-        j.gx = s.gx + t * s.B * s.G, j.y = s.y + t * s.B * 2 * s.H;
-        j.c = t ? j.y - s.B * 2 * s.H + s.H : s.c0, j.ldc = t ? 2 * s.H : s.H;
-        j.hh = dtr__lstm_seq_hh(ctx, &s, &wt, t, j.a);
-        dtr__lstm_run(ctx, &j, s.B, 0);
-    }
-    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
-    if (!nd->taped) dtr__arena_give_back(ctx, A, bytes);
+    dtr__lstm_walk k;
+    size_t step, bytes;
+    memset(&k, 0, sizeof k);
+    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = nd->taped;
+    step = (size_t)(k.s.B * k.s.G) * sizeof(float), bytes = k.all ? (size_t)k.s.T * step * 5 / 4 : step;
+    k.A = (float *)(k.all ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"));
+    if (!k.A) return ctx->status;
+    if (k.all) nd->saved = k.A, k.ts = k.A + k.s.T * k.s.B * k.s.G;
+    dtr__lstm_walk_run(&k);
+    if (!k.all) dtr__arena_give_back(ctx, k.A, bytes);
     return DTR_OK;
 }
 
@@ -1066,36 +1119,22 @@ static void dtr__lstm_seq_weights(dtr_context *ctx, const dtr__lstm_seq *s, cons
     if (gb) dtr__rows_sum_into(dA, s->T * B, G, gb);
 }
 
-/* Backward, steps in reverse: g = [gh | gc] of step t (y's gradient plus what step t + 1 sent
-   back) gives dA_t; then step t - 1's g gets dA_t W_hh (its h) and the cell's dc (its c). */
 dtr_result dtr__cpu_lstm_seq_bwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_seq s = dtr__lstm_seq_of(nd);
-    int64_t H = s.H, G = s.G, B = s.B, t, n = s.T * B * G;
-    size_t bytes = (size_t)(n + 4 * B * H) * sizeof(float), wbytes;
-    float *gx = dtr__gradof(nd->in[0]), *gh0 = dtr__gradof(nd->in[3]), *dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence");
-    float *P[2], *cur, *wmem;
-    dtr__gemm_bpack wp;
-    dtr__lstm_job j;
-    if (!dA) return ctx->status;
-    wmem = dtr__lstm_seq_pack(ctx, &s, 0, &wp, &wbytes);
-    P[0] = dA + n, P[1] = P[0] + 2 * B * H;
-    memset(&j, 0, sizeof j);
-    j.H = H;
-    memcpy(cur = P[(s.T - 1) & 1], nd->out->grad + (s.T - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
-    for (t = s.T - 1; t >= 0; t--) {
-        float *prev = t ? P[(t - 1) & 1] : NULL;
-        if (prev) memcpy(prev, nd->out->grad + (t - 1) * B * 2 * H, (size_t)(2 * B * H) * sizeof(float));
-        j.a = (float *)nd->saved + t * B * G, j.ts = (float *)nd->saved + s.T * B * G + t * B * H, j.g = cur, j.ga = dA + t * B * G;
-        j.c = t ? s.y + (t - 1) * B * 2 * H + H : s.c0, j.ldc = t ? 2 * H : H;
-        j.gc = t ? prev + H : dtr__gradof(nd->in[4]), j.ldgc = t ? 2 * H : H;
-        dtr__lstm_run(ctx, &j, B, 1);
-        if (t || gh0) dtr__gemm_packed(ctx->pool, B, 1.0f, j.ga, G, 1, &wp, 1.0f, t ? prev : gh0, t ? 2 * H : H);
-        cur = prev;
-    }
-    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += dA[i]);
-    dtr__lstm_seq_weights(ctx, &s, dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
-    if (wmem) dtr__arena_give_back(ctx, wmem, wbytes);
-    dtr__arena_give_back(ctx, dA, bytes);
+    dtr__lstm_walk k;
+    int64_t n;
+    size_t bytes;
+    float *gx = dtr__gradof(nd->in[0]);
+    memset(&k, 0, sizeof k);
+    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = k.bwd = 1, n = k.s.T * k.s.B * k.s.G;
+    k.A = (float *)nd->saved, k.ts = k.A + n, k.gy = nd->out->grad;
+    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = dtr__gradof(nd->in[4]);
+    bytes = (size_t)(n + 4 * k.s.B * k.s.H) * sizeof(float);
+    if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"))) return ctx->status;
+    k.P[0] = k.dA + n, k.P[1] = k.P[0] + 2 * k.s.B * k.s.H;
+    dtr__lstm_walk_run(&k);
+    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += k.dA[i]);
+    dtr__lstm_seq_weights(ctx, &k.s, k.dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
+    dtr__arena_give_back(ctx, k.dA, bytes);
     return DTR_OK;
 }
 
