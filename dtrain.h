@@ -648,6 +648,16 @@ DTR_API dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tenso
  *          (B, H)). Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0,
                                       dtr_tensor *c0, dtr_tensor **c_out);
+/** A whole GRU recurrence as one op, as dtr_lstm_sequence: gx (T, B, 3H), time-major (x_t
+ *  W_ih^T + b_ih), w_hh (3H, H), b_hh (3H) or NULL, h0 (B, H) or NULL (zeros). Step t, with
+ *  gh = h_{t-1} W_hh^T + b_hh: r = sigmoid(gx_r + gh_r), z = sigmoid(gx_z + gh_z), n = tanh(gx_n
+ *  + r gh_n), h_t = n + z (h_{t-1} - n) (PyTorch's nn.GRU). Returns every step's h (T, B, H).
+ *  The values of the steps made of ops (dtr_linear, dtr_add, dtr_sigmoid, dtr_mul, dtr_tanh,
+ *  dtr_sub) bit for bit on the CPU; gradients reach gx, w_hh, b_hh and h0.
+ *  dtr_gru_layer_forward runs on it. @return NULL with the context's error: DTR_SHAPE_MISMATCH
+ *  (w_hh not (3H, H), gx not (T, B, 3H) with T, B > 0, b_hh not (3H), h0 not (B, H)).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
@@ -4680,7 +4690,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4684 "dtrain.h"
+#line 4694 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4891,14 +4901,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
     X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)     \
     X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax) X(GATHER, "gather", gather)                \
-    X(UPSAMPLE, "upsample_nearest", upsample) X(LSTM, "lstm", lstm_seq)
+    X(UPSAMPLE, "upsample_nearest", upsample) X(LSTM, "lstm", rnn) X(GRU, "gru", rnn)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 61
+#define DTR__OP_COUNT_EXPECTED 62
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -5578,7 +5588,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5582 "dtrain.h"
+#line 5592 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5924,6 +5934,29 @@ DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float
     dtr__f_lstm_cell_grad_act(i, f, g, o, c, t, gh, gc, di, df, dg, dout, dc_prev);
 }
 
+/** A GRU cell at one unit from the input's parts of its gates xr, xz, xn, the hidden state's
+ *  hr, hz, hn (h W_hh^T + b_hh) and the state before, h (0 for none): r = sigmoid(xr + hr),
+ *  z = sigmoid(xz + hz), n = tanh(xn + r hn), h' = n + z (h - n) (the arithmetic of the ops,
+ *  in their order). */
+DTR__HD void dtr__f_gru_cell(float xr, float xz, float xn, float hr, float hz, float hn, float h, float *r, float *z, float *n,
+                             float *h2) {
+    *r = dtr__f_sigmoid(xr + hr);
+    *z = dtr__f_sigmoid(xz + hz);
+    *n = dtr__f_tanh(xn + *r * hn);
+    *h2 = *n + *z * (h - *n);
+}
+/** Its gradients from r, z, n, hn and h and gh (of h'): the pre-activations' of r, z and n
+ *  (dr, dz: of both parts; dn: of xn), hn's (dhn) and h's through the update (dh). */
+DTR__HD void dtr__f_gru_cell_grad(float r, float z, float n, float hn, float h, float gh, float *dr, float *dz, float *dn, float *dhn,
+                                  float *dh) {
+    float gn = (gh - gh * z) * dtr__f_tanh_grad(n);
+    *dn = gn;
+    *dhn = gn * r;
+    *dr = gn * hn * dtr__f_sigmoid_grad(r);
+    *dz = gh * (h - n) * dtr__f_sigmoid_grad(z);
+    *dh = gh * z;
+}
+
 /** Batch norm's running statistics after a batch of cnt values a channel with mean m and
  *  biased variance v: each moves by momentum towards the batch's (the variance unbiased, v
  *  cnt / (cnt - 1), as PyTorch's), in double, rounded once. */
@@ -6035,7 +6068,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6039 "dtrain.h"
+#line 6072 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6097,7 +6130,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6101 "dtrain.h"
+#line 6134 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6476,7 +6509,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6480 "dtrain.h"
+#line 6513 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6519,7 +6552,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6523 "dtrain.h"
+#line 6556 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6553,7 +6586,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6557 "dtrain.h"
+#line 6590 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6612,7 +6645,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6616 "dtrain.h"
+#line 6649 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6686,7 +6719,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6690 "dtrain.h"
+#line 6723 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6754,7 +6787,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6758 "dtrain.h"
+#line 6791 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6829,7 +6862,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6833 "dtrain.h"
+#line 6866 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7181,7 +7214,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7185 "dtrain.h"
+#line 7218 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8037,7 +8070,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8041 "dtrain.h"
+#line 8074 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8712,7 +8745,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8716 "dtrain.h"
+#line 8749 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8803,7 +8836,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8807 "dtrain.h"
+#line 8840 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9285,7 +9318,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9289 "dtrain.h"
+#line 9322 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9540,7 +9573,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9544 "dtrain.h"
+#line 9577 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9773,7 +9806,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9777 "dtrain.h"
+#line 9810 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9892,7 +9925,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9896 "dtrain.h"
+#line 9929 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9948,7 +9981,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9952 "dtrain.h"
+#line 9985 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10345,7 +10378,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10349 "dtrain.h"
+#line 10382 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10404,12 +10437,13 @@ static int dtr__bwd_reads_no_data(int op) {
 }
 
 /* ops whose backward kernel reads its output's values (tanh', sigmoid', exp' and sqrt' from y,
-   softmax's and attention's backward, the LSTM sequence's earlier steps' h and c; the
+   softmax's and attention's backward, the recurrences' earlier steps' h (and c); the
    tensor-parallel ops copy every tensor of the node) */
 static int dtr__bwd_reads_out(int op) {
     return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_EXP || op == DTR_OP_SQRT || op == DTR_OP_SOFTMAX ||
            op == DTR_OP_LOG_SOFTMAX || op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY ||
-           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY || op == DTR_OP_LSTM;
+           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY || op == DTR_OP_LSTM ||
+           op == DTR_OP_GRU;
 }
 
 /* 1 when t is 16-bit and the kernel (forward: bwd 0) reads or writes its values: in[i] (out: -1) */
@@ -10609,7 +10643,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10613 "dtrain.h"
+#line 10647 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11173,7 +11207,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11177 "dtrain.h"
+#line 11211 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11355,7 +11389,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11359 "dtrain.h"
+#line 11393 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12304,197 +12338,283 @@ dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- LSTM over a sequence: gx (T, B, 4H), w_hh (4H, H), b_hh (4H), h0, c0 (B, H) (the last
- * three optional) -> y (T, B, 2H), [h_t | c_t] at each step. When taped, the forward keeps
- * every step's gate activations (T, B, 4H) and tanh(c_t) (T, B, H) (else one step's scratch). ---- */
+/* ---- recurrences over a sequence: an LSTM's (dtr_lstm_sequence) and a GRU's (dtr_gru_sequence).
+ * gx (T, B, G H) (G = 4 or 3), w_hh (G H, H), b_hh (G H), h0 (and the LSTM's c0) (B, H), the
+ * last ones optional -> y (T, B, Y): [h_t | c_t] (Y = 2H) or h_t (Y = H). When taped, the
+ * forward keeps every step's gates: the LSTM's activations (T, B, 4H) and tanh(c_t) (T, B, H),
+ * the GRU's r, z, n and h W_hn^T + b_hn (T, B, 4H); else one step's scratch. ---- */
 
-/* 1 when gx is (T, B, 4H) for w_hh (4H, H) with T, B, H > 0, b_hh (4H) and h0, c0 (B, H) or NULL;
-   else 0 with the context's error */
-static int dtr__lstm_seq_shapes_ok(dtr_context *ctx, const dtr_tensor *gx, const dtr_tensor *w, const dtr_tensor *b, const dtr_tensor *h0,
-                                   const dtr_tensor *c0) {
+/* 1 when gx is (T, B, G H) for w_hh (G H, H) with T, B, H > 0, b_hh (G H) and h0, c0 (B, H) or
+   NULL; else 0 with the context's error (naming fn) */
+static int dtr__rnn_seq_shapes_ok(dtr_context *ctx, const char *fn, int G, const dtr_tensor *gx, const dtr_tensor *w, const dtr_tensor *b,
+                                  const dtr_tensor *h0, const dtr_tensor *c0) {
     char s1[96], s2[96];
     int64_t H = w->ndim == 2 ? w->shape[1] : 0;
     const dtr_tensor *st = h0 && !(h0->ndim == 2 && h0->shape[0] == gx->shape[1] && h0->shape[1] == H) ? h0 : c0;
-    if (H == 0 || w->shape[0] != 4 * H)
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: w_hh is %s, not (4H, H) with H > 0", dtr__shape_str(w, s1, sizeof s1)), 0;
-    if (gx->ndim != 3 || gx->shape[0] == 0 || gx->shape[1] == 0 || gx->shape[2] != 4 * H)
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: gx is %s, not (T, B, %lld) with T, B > 0",
-                         dtr__shape_str(gx, s1, sizeof s1), (long long)(4 * H)), 0;
-    if (b && !(b->ndim == 1 && b->shape[0] == 4 * H))
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: b_hh is %s, not (%lld)", dtr__shape_str(b, s1, sizeof s1),
-                         (long long)(4 * H)), 0;
+    if (H == 0 || w->shape[0] != G * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: w_hh is %s, not (%dH, H) with H > 0", fn, dtr__shape_str(w, s1, sizeof s1), G), 0;
+    if (gx->ndim != 3 || gx->shape[0] == 0 || gx->shape[1] == 0 || gx->shape[2] != G * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: gx is %s, not (T, B, %lld) with T, B > 0", fn, dtr__shape_str(gx, s1, sizeof s1),
+                         (long long)(G * H)), 0;
+    if (b && !(b->ndim == 1 && b->shape[0] == G * H))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: b_hh is %s, not (%lld)", fn, dtr__shape_str(b, s1, sizeof s1), (long long)(G * H)), 0;
     if (st && !(st->ndim == 2 && st->shape[0] == gx->shape[1] && st->shape[1] == H))
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: %s is %s, not (%lld, %lld)", st == h0 ? "h0" : "c0",
-                         dtr__shape_str(st, s2, sizeof s2), (long long)gx->shape[1], (long long)H), 0;
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: %s is %s, not (%lld, %lld)", fn, st == h0 ? "h0" : "c0", dtr__shape_str(st, s2, sizeof s2),
+                         (long long)gx->shape[1], (long long)H), 0;
     return 1;
+}
+
+/* the node of a recurrence op (DTR_OP_LSTM with n_in 5, DTR_OP_GRU with 4) and its output
+   (T, B, Y), checked, recorded */
+static dtr_tensor *dtr__rnn_seq_node(dtr_context *ctx, const char *fn, int op, int n_in, dtr_tensor **in) {
+    static const char *const names[5] = {"gx", "w_hh", "b_hh", "h0", "c0"};
+    int i, G = op == DTR_OP_LSTM ? 4 : 3;
+    int64_t shape[3];
+    dtr__node *n;
+    for (i = 0; i < n_in; i++)
+        if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], names[i])) return NULL;
+    if (!dtr__rnn_seq_shapes_ok(ctx, fn, G, in[0], in[1], in[2], in[3], n_in > 4 ? in[4] : NULL)) return NULL;
+    for (i = 0; i < n_in; i++)
+        if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
+    if (!(n = dtr__node_new(ctx, op, n_in, in))) return NULL;
+    shape[0] = in[0]->shape[0], shape[1] = in[0]->shape[1], shape[2] = (G == 4 ? 2 : 1) * in[1]->shape[1];
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
+    return n->out ? dtr__record(ctx, n, fn) : NULL;
 }
 
 dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0, dtr_tensor *c0,
                               dtr_tensor **c_out) {
-    static const char fn[] = "dtr_lstm_sequence";
     dtr_tensor *in[5], *out;
-    int64_t shape[3], H;
-    dtr__node *n;
-    int i;
+    int64_t H;
     if (!ctx) return NULL;
     if (c_out) *c_out = NULL;
     if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_sequence: c_out is NULL");
     in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0;
-    for (i = 0; i < 5; i++)
-        if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], i == 0 ? "gx" : i == 1 ? "w_hh" : i == 2 ? "b_hh" : i == 3 ? "h0" : "c0"))
-            return NULL;
-    if (!dtr__lstm_seq_shapes_ok(ctx, gx, w_hh, b_hh, h0, c0)) return NULL;
+    if (!(out = dtr__rnn_seq_node(ctx, "dtr_lstm_sequence", DTR_OP_LSTM, 5, in))) return NULL;
     H = w_hh->shape[1];
-    for (i = 0; i < 5; i++)
-        if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
-    if (!(n = dtr__node_new(ctx, DTR_OP_LSTM, 5, in))) return NULL;
-    shape[0] = gx->shape[0], shape[1] = gx->shape[1], shape[2] = 2 * H;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
-    if (!n->out || !(out = dtr__record(ctx, n, fn))) return NULL;
     *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
-/* the sequence op's tensors as pointers */
-typedef struct dtr__lstm_seq {
-    int64_t T, B, H, G;   /* G = 4 H */
+dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0) {
+    dtr_tensor *in[4];
+    if (!ctx) return NULL;
+    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0;
+    return dtr__rnn_seq_node(ctx, "dtr_gru_sequence", DTR_OP_GRU, 4, in);
+}
+
+/* One GRU cell pass over rows [b, e). Forward: a (rows, 4H): in, h W_hh^T in its first 3H
+   columns (hh 1; else nothing), out r, z, n and hn = h W_hn^T + b_hn; gx (rows, 3H), bias (3H)
+   or NULL, the state before h (row stride ldh) or NULL (zeros), y (rows, H). Backward from g
+   (rows, H): the pre-activations' gradients written to dgx (rows, 3H; r, z, n) and dgh (rows,
+   3H; r, z, hn's), h's through the update added into gh (row stride ldh) if any. */
+typedef struct dtr__gru_job {
+    float *a, *y, *dgx, *dgh, *gh;
+    const float *gx, *bias, *h, *g;
+    int64_t H, ldh;
+    int hh;
+} dtr__gru_job;
+
+DTR__SIMD_BODY void dtr__gru_fwd_body(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__gru_job *j = (const dtr__gru_job *)arg;
+    int64_t r, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *y = j->y + r * H;
+        const float *xr = j->gx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hp = j->h ? j->h + r * j->ldh : NULL, *bs = j->bias;
+        if (j->hh && bs) DTR__ELEMENTWISE(0, 3 * H, ar[i] = ar[i] + bs[i]);   /* h W^T + b, as dtr_linear */
+        else if (!j->hh && bs) memcpy(ar, bs, (size_t)(3 * H) * sizeof(float));
+        else if (!j->hh) memset(ar, 0, (size_t)(3 * H) * sizeof(float));
+        memcpy(hn, an, (size_t)H * sizeof(float));
+        if (hp) DTR__ELEMENTWISE(0, H, dtr__f_gru_cell(xr[i], xz[i], xn[i], ar[i], az[i], hn[i], hp[i], &ar[i], &az[i], &an[i], &y[i]));
+        else DTR__ELEMENTWISE(0, H, dtr__f_gru_cell(xr[i], xz[i], xn[i], ar[i], az[i], hn[i], 0.0f, &ar[i], &az[i], &an[i], &y[i]));
+    }
+}
+
+DTR__SIMD_BODY void dtr__gru_bwd_body(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__gru_job *j = (const dtr__gru_job *)arg;
+    int64_t r, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *g = j->g + r * H;
+        const float *hp = j->h ? j->h + r * j->ldh : NULL;
+        float *xr = j->dgx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hr = j->dgh + r * 3 * H, *hz = hr + H, *dhn = hz + H;
+        float dh[64], *gh = j->gh ? j->gh + r * j->ldh : NULL;
+        int64_t k0, k, n;
+        for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time: h's share through a local array */
+            n = H - k0 < 64 ? H - k0 : 64;
+            DTR__ELEMENTWISE(k0, k0 + n, dtr__f_gru_cell_grad(ar[i], az[i], an[i], hn[i], hp ? hp[i] : 0.0f, g[i], &xr[i], &xz[i], &xn[i],
+                                                              &dhn[i], &dh[i - k0]));
+            for (k = 0; gh && k < n; k++) gh[k0 + k] += dh[k];
+        }
+        memcpy(hr, xr, (size_t)(2 * H) * sizeof(float));   /* r's and z's pre-activations: one gradient for both parts */
+    }
+}
+
+static void dtr__gru_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
+static void dtr__gru_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__gru_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__gru_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
+
+/* the recurrence op's tensors as pointers; G gates of H, output rows of Y */
+typedef struct dtr__rnn_seq {
+    int64_t T, B, H, G, Y;
     const float *gx, *w, *b, *h0, *c0;
     float *y;
-} dtr__lstm_seq;
+    int gru;
+} dtr__rnn_seq;
 
-static dtr__lstm_seq dtr__lstm_seq_of(const dtr__node *nd) {
-    dtr__lstm_seq s;
-    s.T = nd->out->shape[0], s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1], s.G = 4 * s.H;
+static const char *dtr__rnn_name(const dtr__rnn_seq *s) { return s->gru ? "dtr_gru_sequence" : "dtr_lstm_sequence"; }
+
+static dtr__rnn_seq dtr__rnn_seq_of(const dtr__node *nd) {
+    dtr__rnn_seq s;
+    s.gru = nd->op == DTR_OP_GRU;
+    s.T = nd->out->shape[0], s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1], s.G = (s.gru ? 3 : 4) * s.H, s.Y = nd->out->shape[2];
     s.gx = dtr__f32(nd->in[0]), s.w = dtr__f32(nd->in[1]);
     s.b = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     s.h0 = nd->in[3] ? dtr__f32(nd->in[3]) : NULL;
-    s.c0 = nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.c0 = nd->n_in > 4 && nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
     s.y = dtr__f32(nd->out);
     return s;
 }
 
-/* One pass of the sequence op over rows [b, e) of the batch (the rows are independent
-   sequences): its tensors, W_hh packed (transposed for the forward), the saved gates
-   (activations, every step's when `all`, else one step's) and tanh(c') (NULL untaped), and
+/* One pass of a recurrence op over rows [b, e) of the batch (the rows are independent
+   sequences): its tensors, W_hh packed (transposed for the forward), the saved gates (every
+   step's when `all`, else one step's: rows of S floats), the LSTM's tanh(c') (NULL untaped), and
    backward's buffers. With threads, each worker walks every step of its own rows (its products
    on its own packing memory: no synchronisation a step); a batch too small to split walks the
    steps with each product and cell pass over the whole pool (worker -1). */
-typedef struct dtr__lstm_walk {
-    dtr__lstm_seq s;
+typedef struct dtr__rnn_walk {
+    dtr__rnn_seq s;
     dtr_context *ctx;
     dtr__gemm_bpack w;
-    float *A, *ts, *dA, *P[2], *gh0, *gc0;   /* backward: gates' gradients (T, B, 4H); [gh | gc] a step (ping-pong) */
+    int64_t S;                 /* saved floats a row a step: 4H (the LSTM's tanh(c') apart) */
+    float *A, *ts;
+    float *dA, *dX, *P[2];     /* backward: the gates' gradients against W_hh (T, B, G H) and, for
+                                  the GRU, gx's; y's gradient plus the carried one, a step (ping-pong) */
+    float *gh0, *gc0;
     const float *gy;
     int all, bwd;
-} dtr__lstm_walk;
+} dtr__rnn_walk;
 
 /* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
-static void dtr__lstm_cells(const dtr__lstm_walk *k, dtr__lstm_job *j, int64_t b, int64_t e, int w) {
-    if (w < 0) dtr__lstm_run(k->ctx, j, e, k->bwd);
-    else if (k->bwd) (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)(j, b, e, w);
-    else (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range)(j, b, e, w);
+static void dtr__rnn_cells(const dtr__rnn_walk *k, void *job, int64_t b, int64_t e, int w) {
+    int avx = dtr__simd_avx2();
+    dtr__task_fn fn = k->s.gru ? (k->bwd ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range) : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range))
+                               : (k->bwd ? (avx ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range) : (avx ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range));
+    if (w < 0) dtr__pool_run(k->ctx->pool, e, 8, fn, job);
+    else fn(job, b, e, w);
 }
 
 /* step t over rows [b, e): a = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0, or none), then
    the cells with gx and b_hh */
-static void dtr__lstm_fwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
-    const dtr__lstm_seq *s = &k->s;
-    int64_t H = s->H, G = s->G, B = s->B, ldh = t ? 2 * H : H;
-    const float *h = t ? s->y + (t - 1) * B * 2 * H : s->h0;
-    dtr__lstm_job j;
-    memset(&j, 0, sizeof j);
-    j.H = H, j.bias = s->b, j.hh = h != NULL;
-    j.a = k->A + (k->all ? t : 0) * B * G, j.ts = k->ts ? k->ts + t * B * H : NULL;
-    j.gx = s->gx + t * B * G, j.y = s->y + t * B * 2 * H;
-    j.c = t ? j.y - B * 2 * H + H : s->c0, j.ldc = ldh;
-    if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, j.a + b * G, G);
-    dtr__lstm_cells(k, &j, b, e, w);
+static void dtr__rnn_fwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__rnn_seq *s = &k->s;
+    int64_t H = s->H, B = s->B, ldh = t ? s->Y : H;
+    const float *h = t ? s->y + (t - 1) * B * s->Y : s->h0;
+    float *a = k->A + (k->all ? t : 0) * B * k->S, *y = s->y + t * B * s->Y;
+    dtr__lstm_job lj;
+    dtr__gru_job gj;
+    if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, a + b * k->S, k->S);
+    memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
+    gj.a = lj.a = a, gj.y = lj.y = y, gj.gx = lj.gx = s->gx + t * B * s->G, gj.bias = lj.bias = s->b, gj.hh = lj.hh = h != NULL;
+    gj.H = lj.H = H, gj.h = h, gj.ldh = ldh;
+    lj.ts = k->ts ? k->ts + t * B * H : NULL, lj.c = t ? y - B * s->Y + H : s->c0, lj.ldc = ldh;
+    dtr__rnn_cells(k, s->gru ? (void *)&gj : (void *)&lj, b, e, w);
 }
 
-/* Backward step t over rows [b, e): g = [gh | gc] (y's gradient plus what step t + 1 sent back)
-   gives dA_t; step t - 1's g (or h0's and c0's gradients) gets dA_t W_hh and the cell's dc. */
-static void dtr__lstm_bwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
-    const dtr__lstm_seq *s = &k->s;
-    int64_t H = s->H, G = s->G, B = s->B, ld = t ? 2 * H : H;
-    float *cur = k->P[t & 1], *prev = t ? k->P[(t - 1) & 1] : NULL;
-    size_t rows = (size_t)((e - b) * 2 * H) * sizeof(float);
-    dtr__lstm_job j;
-    if (t == s->T - 1) memcpy(cur + b * 2 * H, k->gy + (t * B + b) * 2 * H, rows);
-    if (prev) memcpy(prev + b * 2 * H, k->gy + ((t - 1) * B + b) * 2 * H, rows);
-    memset(&j, 0, sizeof j);
-    j.H = H, j.a = k->A + t * B * G, j.ts = k->ts + t * B * H, j.g = cur, j.ga = k->dA + t * B * G;
-    j.c = t ? s->y + (t - 1) * B * 2 * H + H : s->c0, j.ldc = ld;
-    j.gc = t ? prev + H : k->gc0, j.ldgc = ld;
-    dtr__lstm_cells(k, &j, b, e, w);
-    if (t || k->gh0) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, j.ga + b * G, G, 1, &k->w, 1.0f, (t ? prev : k->gh0) + b * ld, ld);
+/* Backward step t over rows [b, e): g (y's gradient plus what step t + 1 sent back) gives the
+   gates' gradients; step t - 1's g (or h0's and c0's gradients) gets dA_t W_hh and the
+   cell's direct share (the LSTM's dc, the GRU's z dh'). */
+static void dtr__rnn_bwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__rnn_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, Y = s->Y, ld = t ? Y : H;
+    float *cur = k->P[t & 1], *prev = t ? k->P[(t - 1) & 1] : NULL, *to = t ? prev : k->gh0;
+    size_t rows = (size_t)((e - b) * Y) * sizeof(float);
+    dtr__lstm_job lj;
+    dtr__gru_job gj;
+    if (t == s->T - 1) memcpy(cur + b * Y, k->gy + (t * B + b) * Y, rows);
+    if (prev) memcpy(prev + b * Y, k->gy + ((t - 1) * B + b) * Y, rows);
+    memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
+    gj.a = lj.a = k->A + t * B * k->S, gj.g = lj.g = cur, gj.H = lj.H = H;
+    gj.h = t ? s->y + (t - 1) * B * Y : s->h0, gj.ldh = ld, gj.dgx = k->dX + t * B * G, gj.dgh = k->dA + t * B * G, gj.gh = to;
+    lj.ts = k->ts + t * B * H, lj.ga = k->dA + t * B * G;
+    lj.c = t ? s->y + (t - 1) * B * Y + H : s->c0, lj.ldc = ld, lj.gc = t ? prev + H : k->gc0, lj.ldgc = ld;
+    dtr__rnn_cells(k, s->gru ? (void *)&gj : (void *)&lj, b, e, w);
+    if (to) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, k->dA + (t * B + b) * G, G, 1, &k->w, 1.0f, to + b * ld, ld);
 }
 
 /* every step of rows [b, e), in order (forward) or in reverse */
-static void dtr__lstm_rows(void *arg, int64_t b, int64_t e, int w) {
-    const dtr__lstm_walk *k = (const dtr__lstm_walk *)arg;
+static void dtr__rnn_rows(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__rnn_walk *k = (const dtr__rnn_walk *)arg;
     int64_t t;
     for (t = 0; t < k->s.T; t++) {
-        if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, b, e, w);
-        else dtr__lstm_fwd_step(k, t, b, e, w);
+        if (k->bwd) dtr__rnn_bwd_step(k, k->s.T - 1 - t, b, e, w);
+        else dtr__rnn_fwd_step(k, t, b, e, w);
     }
 }
 
 /* W_hh packed (arena memory, given back after; unpacked when the arena has no room: the same
    bits), then the walk: rows split over the workers when each gets 8, else step by step */
-static void dtr__lstm_walk_run(dtr__lstm_walk *k) {
+static void dtr__rnn_walk_run(dtr__rnn_walk *k) {
     int64_t K = k->bwd ? k->s.G : k->s.H, N = k->bwd ? k->s.H : k->s.G, t;
     size_t bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
     int threads = dtr__pool_threads(k->ctx->pool);
-    float *mem = (float *)dtr__arena_data(k->ctx, bytes, "dtr_lstm_sequence");
+    float *mem = (float *)dtr__arena_data(k->ctx, bytes, dtr__rnn_name(&k->s));
     if (!mem) dtr_context_clear_error(k->ctx);
     dtr__gemm_bpack_fill(&k->w, k->s.w, k->bwd ? k->s.H : 1, k->bwd ? 1 : k->s.H, K, N, mem);
-    if (threads <= 1 || k->s.B >= 8 * threads) dtr__pool_run(k->ctx->pool, k->s.B, 8, dtr__lstm_rows, k);
+    if (threads <= 1 || k->s.B >= 8 * threads) dtr__pool_run(k->ctx->pool, k->s.B, 8, dtr__rnn_rows, k);
     else
         for (t = 0; t < k->s.T; t++) {
-            if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, 0, k->s.B, -1);
-            else dtr__lstm_fwd_step(k, t, 0, k->s.B, -1);
+            if (k->bwd) dtr__rnn_bwd_step(k, k->s.T - 1 - t, 0, k->s.B, -1);
+            else dtr__rnn_fwd_step(k, t, 0, k->s.B, -1);
         }
     if (mem) dtr__arena_give_back(k->ctx, mem, bytes);
 }
 
-dtr_result dtr__cpu_lstm_seq_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_walk k;
-    size_t step, bytes;
+/* the walk of node nd: its tensors and the saved gates' layout */
+static dtr__rnn_walk dtr__rnn_walk_of(dtr_context *ctx, const dtr__node *nd, int bwd) {
+    dtr__rnn_walk k;
     memset(&k, 0, sizeof k);
-    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = nd->taped;
-    step = (size_t)(k.s.B * k.s.G) * sizeof(float), bytes = k.all ? (size_t)k.s.T * step * 5 / 4 : step;
-    k.A = (float *)(k.all ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"));
+    k.s = dtr__rnn_seq_of(nd), k.ctx = ctx, k.bwd = bwd, k.all = bwd || nd->taped, k.S = 4 * k.s.H;
+    return k;
+}
+
+dtr_result dtr__cpu_rnn_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__rnn_walk k = dtr__rnn_walk_of(ctx, nd, 0);
+    size_t step = (size_t)(k.s.B * k.S) * sizeof(float), bytes = (k.all ? (size_t)k.s.T : 1) * step * (k.s.gru ? 4 : 5) / 4;
+    k.A = (float *)(k.all ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, dtr__rnn_name(&k.s)));
     if (!k.A) return ctx->status;
-    if (k.all) nd->saved = k.A, k.ts = k.A + k.s.T * k.s.B * k.s.G;
-    dtr__lstm_walk_run(&k);
+    if (k.all) nd->saved = k.A;
+    if (k.all && !k.s.gru) k.ts = k.A + k.s.T * k.s.B * k.S;
+    dtr__rnn_walk_run(&k);
     if (!k.all) dtr__arena_give_back(ctx, k.A, bytes);
     return DTR_OK;
 }
 
-/* the gradients of w_hh (every step's gates' gradient dA (T, B, 4H) against the h before it)
-   and b_hh (dA's column sums) */
-static void dtr__lstm_seq_weights(dtr_context *ctx, const dtr__lstm_seq *s, const float *dA, float *gw, float *gb) {
-    int64_t H = s->H, G = s->G, B = s->B;
-    if (gw && s->T > 1) dtr__gemm(ctx->pool, G, H, (s->T - 1) * B, 1.0f, dA + B * G, 1, G, s->y, 2 * H, 1, 1.0f, gw, H);
-    if (gw && s->h0) dtr__gemm(ctx->pool, G, H, B, 1.0f, dA, 1, G, s->h0, H, 1, 1.0f, gw, H);
-    if (gb) dtr__rows_sum_into(dA, s->T * B, G, gb);
+/* the gradients of w_hh (every step's dA (T, B, G H) against the h before it), b_hh (dA's
+   column sums) and gx (dA, or the GRU's dX) */
+static void dtr__rnn_seq_sums(dtr_context *ctx, const dtr__rnn_walk *k, const dtr__node *nd) {
+    const dtr__rnn_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, n = s->T * B * G;
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
+    const float *dx = s->gru ? k->dX : k->dA;
+    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += dx[i]);
+    if (gw && s->T > 1) dtr__gemm(ctx->pool, G, H, (s->T - 1) * B, 1.0f, k->dA + B * G, 1, G, s->y, s->Y, 1, 1.0f, gw, H);
+    if (gw && s->h0) dtr__gemm(ctx->pool, G, H, B, 1.0f, k->dA, 1, G, s->h0, H, 1, 1.0f, gw, H);
+    if (gb) dtr__rows_sum_into(k->dA, s->T * B, G, gb);
 }
 
-dtr_result dtr__cpu_lstm_seq_bwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_walk k;
-    int64_t n;
-    size_t bytes;
-    float *gx = dtr__gradof(nd->in[0]);
-    memset(&k, 0, sizeof k);
-    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = k.bwd = 1, n = k.s.T * k.s.B * k.s.G;
-    k.A = (float *)nd->saved, k.ts = k.A + n, k.gy = nd->out->grad;
-    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = dtr__gradof(nd->in[4]);
-    bytes = (size_t)(n + 4 * k.s.B * k.s.H) * sizeof(float);
-    if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"))) return ctx->status;
-    k.P[0] = k.dA + n, k.P[1] = k.P[0] + 2 * k.s.B * k.s.H;
-    dtr__lstm_walk_run(&k);
-    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += k.dA[i]);
-    dtr__lstm_seq_weights(ctx, &k.s, k.dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
+dtr_result dtr__cpu_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__rnn_walk k = dtr__rnn_walk_of(ctx, nd, 1);
+    int64_t n = k.s.T * k.s.B * k.s.G;
+    size_t bytes = (size_t)((k.s.gru ? 2 : 1) * n + 2 * k.s.B * k.s.Y) * sizeof(float);
+    k.A = (float *)nd->saved, k.ts = k.s.gru ? NULL : k.A + k.s.T * k.s.B * k.S, k.gy = nd->out->grad;
+    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = nd->n_in > 4 ? dtr__gradof(nd->in[4]) : NULL;
+    if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, dtr__rnn_name(&k.s)))) return ctx->status;
+    k.dX = k.s.gru ? k.dA + n : NULL, k.P[0] = k.dA + (k.s.gru ? 2 : 1) * n, k.P[1] = k.P[0] + k.s.B * k.s.Y;
+    dtr__rnn_walk_run(&k);
+    dtr__rnn_seq_sums(ctx, &k, nd);
     dtr__arena_give_back(ctx, k.dA, bytes);
     return DTR_OK;
 }
@@ -12866,7 +12986,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12870 "dtrain.h"
+#line 12990 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13773,7 +13893,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13777 "dtrain.h"
+#line 13897 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14035,7 +14155,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14039 "dtrain.h"
+#line 14159 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14405,7 +14525,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14409 "dtrain.h"
+#line 14529 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14539,7 +14659,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14543 "dtrain.h"
+#line 14663 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15316,7 +15436,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15320 "dtrain.h"
+#line 15440 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15708,7 +15828,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15712 "dtrain.h"
+#line 15832 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -15984,7 +16104,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 15988 "dtrain.h"
+#line 16108 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -15992,9 +16112,9 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
  * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
  * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
  * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
- * B T rows); each step then adds h W_hh^T and applies the gates: the LSTM's whole recurrence
- * is one op (dtr_lstm_sequence, over the time-major sequence), a step one dtr_lstm_cell; the
- * GRU's steps are made of element-wise ops. Shapes: x (B, T, I) or one
+ * B T rows); each step then adds h W_hh^T and applies the gates: a whole recurrence is one op
+ * (dtr_lstm_sequence, dtr_gru_sequence, over the time-major sequence); a single step is made
+ * of ops (the LSTM's gates and cell one of them, dtr_lstm_cell). Shapes: x (B, T, I) or one
  * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
  * ==========================================================================*/
 
@@ -16109,16 +16229,6 @@ dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_ten
     return dtr__gru_step(ctx, l, dtr_linear(ctx, x, l->weight_ih, l->bias_ih), h);
 }
 
-/* (B, H) <-> (B, 1, H): a state as the caller holds it and in the sequence's layout */
-static dtr_tensor *dtr__rnn_row(dtr_context *ctx, dtr_tensor *s, int to_row) {
-    int64_t shape[3];
-    if (!s) return NULL;
-    shape[0] = s->shape[0], shape[1] = 1, shape[2] = s->shape[s->ndim - 1];
-    if (to_row) return dtr_reshape(ctx, s, 3, shape);
-    shape[1] = shape[2];
-    return dtr_reshape(ctx, s, 2, shape);
-}
-
 /* (T, B, ...) <-> (B, T, ...), contiguous */
 static dtr_tensor *dtr__rnn_swap(dtr_context *ctx, dtr_tensor *x) {
     static const int perm[3] = {1, 0, 2};
@@ -16146,17 +16256,13 @@ static dtr_tensor *dtr__lstm_layer_run(dtr_context *ctx, const dtr_lstm_layer *l
     return ctx->status == DTR_OK ? y : NULL;
 }
 
-/* Runs the T steps of a GRU over x (B, T, I) and concatenates their h (B, T, H). */
-static dtr_tensor *dtr__gru_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
-    int64_t T = x->shape[1], t;
-    dtr_tensor *gx = dtr_linear(ctx, x, l->weight_ih, l->bias_ih), **hs, *y;
-    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), "dtr_gru_layer_forward");
+/* The GRU over x (B, T, I) as one op on the time-major sequence, as the LSTM's. */
+static dtr_tensor *dtr__gru_layer_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
+    dtr_tensor *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
+    dtr_tensor *hs = gx ? dtr_gru_sequence(ctx, gx, l->weight_hh, l->bias_hh, h) : NULL, *y;
     if (!hs) return NULL;
-    h = dtr__rnn_row(ctx, h, 1);
-    for (t = 0; t < T && ctx->status == DTR_OK; t++) h = hs[t] = dtr__gru_step(ctx, l, dtr_slice(ctx, gx, 1, t, t + 1), h);
-    if (ctx->status != DTR_OK) return NULL;
-    y = dtr_concat(ctx, hs, (int)T, 1);
-    if (h_out) *h_out = dtr__rnn_row(ctx, h, 0);
+    y = dtr__rnn_swap(ctx, hs);
+    if (h_out) *h_out = dtr__rnn_at(ctx, hs, x->shape[1] - 1);
     return ctx->status == DTR_OK ? y : NULL;
 }
 
@@ -16177,9 +16283,9 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
     if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
-    return dtr__gru_run(ctx, l, x, h0, h_out);
+    return dtr__gru_layer_run(ctx, l, x, h0, h_out);
 }
-#line 16183 "dtrain.h"
+#line 16289 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16434,7 +16540,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16438 "dtrain.h"
+#line 16544 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16979,7 +17085,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 16983 "dtrain.h"
+#line 17089 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17117,7 +17223,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17121 "dtrain.h"
+#line 17227 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17464,7 +17570,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17468 "dtrain.h"
+#line 17574 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17530,7 +17636,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17534 "dtrain.h"
+#line 17640 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17767,7 +17873,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17771 "dtrain.h"
+#line 17877 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18516,7 +18622,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18520 "dtrain.h"
+#line 18626 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -18969,7 +19075,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 18973 "dtrain.h"
+#line 19079 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19025,7 +19131,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19029 "dtrain.h"
+#line 19135 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19802,7 +19908,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19806 "dtrain.h"
+#line 19912 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20383,7 +20489,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20387 "dtrain.h"
+#line 20493 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21014,7 +21120,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21018 "dtrain.h"
+#line 21124 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21810,7 +21916,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21814 "dtrain.h"
+#line 21920 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22163,7 +22269,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22167 "dtrain.h"
+#line 22273 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22353,7 +22459,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22357 "dtrain.h"
+#line 22463 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22534,7 +22640,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22538 "dtrain.h"
+#line 22644 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23309,7 +23415,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23313 "dtrain.h"
+#line 23419 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23826,7 +23932,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23830 "dtrain.h"
+#line 23936 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24621,7 +24727,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24625 "dtrain.h"
+#line 24731 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25869,7 +25975,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25873 "dtrain.h"
+#line 25979 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26491,7 +26597,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26495 "dtrain.h"
+#line 26601 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -26992,7 +27098,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 26996 "dtrain.h"
+#line 27102 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27722,7 +27828,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27726 "dtrain.h"
+#line 27832 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -27958,7 +28064,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 27962 "dtrain.h"
+#line 28068 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28087,7 +28193,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28091 "dtrain.h"
+#line 28197 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28524,7 +28630,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28528 "dtrain.h"
+#line 28634 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29017,7 +29123,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29021 "dtrain.h"
+#line 29127 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29566,7 +29672,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29570 "dtrain.h"
+#line 29676 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30072,7 +30178,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30076 "dtrain.h"
+#line 30182 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31621,7 +31727,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31625 "dtrain.h"
+#line 31731 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31675,7 +31781,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31679 "dtrain.h"
+#line 31785 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32853,7 +32959,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32857 "dtrain.h"
+#line 32963 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33756,7 +33862,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33760 "dtrain.h"
+#line 33866 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35234,7 +35340,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35238 "dtrain.h"
+#line 35344 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35253,8 +35359,8 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
  * (element-wise, reductions, softmax, losses) one per element of its largest tensor.
  * Attention (dtr_attention, one fused op) counts what its unfused form would: q k^T and P v,
  * 2*B*T*T*C each, and a scale and a softmax, one per score (B*H*T*T each); backward twice that.
- * The LSTM sequence (dtr_lstm_sequence) counts its recurrent products, 2*T*B*4H*H; backward
- * twice that (the gradients of h and of W_hh).
+ * The recurrences (dtr_lstm_sequence, dtr_gru_sequence) count their recurrent products,
+ * 2*T*B*G*H*H (G = 4, 3); backward twice that (the gradients of h and of W_hh).
  * ==========================================================================*/
 
 
@@ -35433,7 +35539,7 @@ static double dtr__obs_flops(const dtr__node *n) {
         const dtr_tensor *w = n->in[1];
         return 2.0 * dtr__obs_numel(n->in[0]) * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
-    case DTR_OP_LSTM:   /* every step's h W_hh^T: gx (T, B, 4H) times H; the gates' arithmetic not counted */
+    case DTR_OP_LSTM: case DTR_OP_GRU:   /* every step's h W_hh^T: gx (T, B, G H) times H; the gates' arithmetic not counted */
         return 2.0 * dtr__obs_numel(n->in[0]) * (double)n->in[1]->shape[1];
     case DTR_OP_ATTENTION: {   /* q (B, Tq, C), k, v (B, Tk, C), H heads: every score counted, causal or not */
         const dtr_tensor *q = n->in[0];
@@ -35456,7 +35562,7 @@ void dtr__obs_op(dtr_metrics *m, const dtr__node *n, int bwd, double t0, double 
         double bias = dtr__obs_has_bias(n) ? dtr__obs_numel(n->out) : 0.0;
         f = 2.0 * (f - bias) + bias;   /* both operands' gradients; the bias's is a sum */
     }
-    if (bwd && (n->op == DTR_OP_ATTENTION || n->op == DTR_OP_LSTM)) f *= 2.0;   /* LSTM: dh and dW_hh */
+    if (bwd && (n->op == DTR_OP_ATTENTION || n->op == DTR_OP_LSTM || n->op == DTR_OP_GRU)) f *= 2.0;   /* recurrences: dh and dW_hh */
     m->flops += f;
     if (m->ring)
         dtr__obs_span(m, dtr__op_name(n->op), bwd ? DTR__OBS_BACKWARD : DTR__OBS_FORWARD, 0, -1, t0, t1);
@@ -35627,7 +35733,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35631 "dtrain.h"
+#line 35737 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35776,7 +35882,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35780 "dtrain.h"
+#line 35886 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -648,7 +648,7 @@ static const char *const k_op_ids[] = {
     "checkpoint", "attention", "silu", "rmsnorm", "rope",                                     /* 39..43 */
     "exp", "log", "sqrt", "pow", "clamp", "leaky_relu", "softplus", "maximum", "minimum",     /* 44..52 */
     "batchnorm", "lstm_cell", "conv_transpose2d", "max", "argmax", "gather",                  /* 53..58 */
-    "upsample_nearest", "lstm"                                                                /* 59..60 */
+    "upsample_nearest", "lstm", "gru"                                                         /* 59..61 */
 };
 
 static void test_op_names(void) {

@@ -227,7 +227,9 @@ static dtr_tensor *b_rnn(dtr_context *c, dtr_tensor **x, void *u) {
 /* dtr_lstm_sequence over gx x[0] (T, B, 8) with w_hh x[1] (8, 2): arg 1 with b_hh x[2], h0 x[3]
    and c0 x[4], giving every step's h and c side by side (T, B, 4); arg 0 alone, h only; arg 2:
    an LSTM layer's one step (dtr_lstm_layer_step: the cell op) from x[0] (B, 3) with weights
-   x[1] (8, 3), x[2] (8, 2) and x[3] (8) as both biases, from h x[4] and c x[5] (B, 2) */
+   x[1] (8, 3), x[2] (8, 2) and x[3] (8) as both biases, from h x[4] and c x[5] (B, 2); arg 3
+   and 4: dtr_gru_sequence over gx x[0] (T, B, 6) with w_hh x[1] (6, 2), alone or (4) with b_hh
+   x[2] and h0 x[3] */
 static dtr_tensor *b_lstm_seq(dtr_context *c, dtr_tensor **x, void *u) {
     int k = *(int *)u;
     dtr_tensor *cs, *hs, *both[2];
@@ -236,6 +238,7 @@ static dtr_tensor *b_lstm_seq(dtr_context *c, dtr_tensor **x, void *u) {
         hs = dtr_lstm_layer_step(c, &l, x[0], x[4], x[5], &cs);
         return hs ? dtr_add(c, hs, dtr_scale(c, cs, 0.5f)) : NULL;
     }
+    if (k >= 3) return dtr_gru_sequence(c, x[0], x[1], k == 4 ? x[2] : NULL, k == 4 ? x[3] : NULL);
     hs = dtr_lstm_sequence(c, x[0], x[1], k ? x[2] : NULL, k ? x[3] : NULL, k ? x[4] : NULL, &cs);
     if (!k || !hs) return hs;
     both[0] = hs, both[1] = cs;
@@ -621,6 +624,8 @@ static const op_case CASES[] = {
     {"lstm sequence with h0, c0 and every step's h and c", 5, {IN3(4, 3, 8), IN2(8, 2), IN1(8), IN2(3, 2), IN2(3, 2)}, b_lstm_seq,
      KA(1), 0, NULL},
     {"lstm sequence without bias or state", 2, {IN3(3, 2, 8), IN2(8, 2)}, b_lstm_seq, KA(0), 0, NULL},
+    {"gru sequence with h0", 4, {IN3(4, 3, 6), IN2(6, 2), IN1(6), IN2(3, 2)}, b_lstm_seq, KA(4), 0, NULL},
+    {"gru sequence without bias or state", 2, {IN3(3, 2, 6), IN2(6, 2)}, b_lstm_seq, KA(3), 0, NULL},
     {"lstm cell: one layer step from h and c", 6, {IN2(3, 3), IN2(8, 3), IN2(8, 2), IN1(8), IN2(3, 2), IN2(3, 2)}, b_lstm_seq, KA(2), 0,
      NULL},
     {"bce_with_logits", 2, {IN3(2, 3, 5), IN3(2, 3, 5)}, b_loss, KA(0), 0, NULL},

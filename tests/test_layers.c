@@ -5,11 +5,12 @@
  *                         and the gradients of sum(y * R) for x, weight_hh and bias_ih equal
  *                         nn.LSTM's and nn.GRU's (batch_first); the step functions give the
  *                         sequence's rows; a NULL state is zeros.
- *   test_lstm_sequence    dtr_lstm_sequence's h and c at every step equal, bit for bit, the
- *                         steps made of dtr_linear, dtr_add and dtr_lstm_cell (1, 2 and 5
- *                         threads, with and without bias and state); its gradients are the same
- *                         bits whether each worker walks its own rows or the steps run over
- *                         the whole pool; bad shapes are errors.
+ *   test_lstm_gru_sequence dtr_lstm_sequence's h and c and dtr_gru_sequence's h at every step
+ *                         equal, bit for bit, the steps made of ops (dtr_linear, dtr_add,
+ *                         dtr_lstm_cell; the GRU's sigmoid, mul, tanh and sub) at 1, 2 and 5
+ *                         threads, with and without bias and state; their gradients are the
+ *                         same bits whether each worker walks its own rows or the steps run
+ *                         over the whole pool; bad shapes are errors.
  *   test_rnn_learns       an LSTM and a GRU learn to add two numbers shown at marked steps of
  *                         a noisy sequence (a memory task a feed-forward net cannot do).
  *   test_group_norm_torch dtr_group_norm and its layer against F.group_norm, with the
@@ -189,84 +190,105 @@ static void test_lstm_gru_torch(void) {
 
 enum { SQ_T = 4, SQ_B = 33, SQ_H = 40 };
 
-/* dtr_lstm_sequence's h and c at every step against dtr_linear + dtr_add + dtr_lstm_cell a step
-   (bit for bit), with b_hh, h0 and c0 or without; every unit compared */
-static void check_sequence_bits(int threads, int full) {
+/* a GRU step made of ops, as dtr_gru_layer_step's: gh = h W^T + b (b alone without h, zeros
+   without either), r and z sigmoids of gx + gh, n = tanh(gx_n + r gh_n), h' = n + z (h - n) */
+static dtr_tensor *gru_step_ops(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *h, dtr_tensor *W, dtr_tensor *Bv) {
+    int64_t H = dtr_tensor_dim(W, 1), zs[2] = {dtr_tensor_dim(gx, 0), 3 * H};
+    dtr_tensor *gh = h ? dtr_linear(ctx, h, W, Bv) : Bv ? Bv : dtr_tensor_zeros(ctx, DTR_F32, 2, zs);
+    dtr_tensor *sg = dtr_sigmoid(ctx, dtr_add(ctx, dtr_slice(ctx, gx, -1, 0, 2 * H), dtr_slice(ctx, gh, -1, 0, 2 * H)));
+    dtr_tensor *z = dtr_slice(ctx, sg, -1, H, 2 * H), *rh = dtr_mul(ctx, dtr_slice(ctx, sg, -1, 0, H), dtr_slice(ctx, gh, -1, 2 * H, 3 * H));
+    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr_slice(ctx, gx, -1, 2 * H, 3 * H), rh));
+    return h ? dtr_add(ctx, n, dtr_mul(ctx, z, dtr_sub(ctx, h, n))) : dtr_sub(ctx, n, dtr_mul(ctx, z, n));
+}
+
+/* dtr_lstm_sequence's h and c (dtr_gru_sequence's h) at every step against the steps made of
+   ops (the LSTM's: dtr_linear + dtr_add + dtr_lstm_cell), bit for bit, with b_hh and the state
+   or without; every unit compared */
+static void check_sequence_bits(int gru, int threads, int full) {
     static float gx[SQ_T * SQ_B * 4 * SQ_H], w[4 * SQ_H * SQ_H], b[4 * SQ_H], h0[SQ_B * SQ_H], c0[SQ_B * SQ_H];
     static float seq_h[SQ_T * SQ_B * SQ_H], seq_c[SQ_T * SQ_B * SQ_H], step_h[SQ_B * SQ_H], step_c[SQ_B * SQ_H];
     dtr_context *ctx = test_ctx(threads);
-    int64_t gs[3] = {SQ_T, SQ_B, 4 * SQ_H}, ws[2] = {4 * SQ_H, SQ_H}, bs = 4 * SQ_H, ss[2] = {SQ_B, SQ_H}, g2[2] = {SQ_B, 4 * SQ_H};
-    dtr_tensor *G, *W, *Bv, *H0, *C0, *cs, *hs, *h, *c;
+    int64_t NG = (gru ? 3 : 4) * SQ_H, gs[3] = {SQ_T, SQ_B, NG}, ws[2] = {NG, SQ_H}, ss[2] = {SQ_B, SQ_H}, g2[2] = {SQ_B, NG};
+    dtr_tensor *G, *W, *Bv, *H0, *C0, *cs = NULL, *hs, *h, *c;
     int t, bad = 0, k;
-    fill(gx, SQ_T * SQ_B * 4 * SQ_H, 1.5, 0.37, 0.1, 0), fill(w, 4 * SQ_H * SQ_H, 0.3, 0.71, 0.4, 1), fill(b, 4 * SQ_H, 0.5, 1.3, 0.2, 0);
+    fill(gx, SQ_T * SQ_B * (int)NG, 1.5, 0.37, 0.1, 0), fill(w, (int)NG * SQ_H, 0.3, 0.71, 0.4, 1), fill(b, (int)NG, 0.5, 1.3, 0.2, 0);
     fill(h0, SQ_B * SQ_H, 0.8, 0.53, 0.3, 1), fill(c0, SQ_B * SQ_H, 1.2, 0.29, 0.7, 0);
     G = dtr_tensor_from(ctx, DTR_F32, 3, gs, gx), W = dtr_tensor_from(ctx, DTR_F32, 2, ws, w);
-    Bv = full ? dtr_tensor_from(ctx, DTR_F32, 1, &bs, b) : NULL;
-    H0 = full ? dtr_tensor_from(ctx, DTR_F32, 2, ss, h0) : NULL, C0 = full ? dtr_tensor_from(ctx, DTR_F32, 2, ss, c0) : NULL;
-    hs = dtr_lstm_sequence(ctx, G, W, Bv, H0, C0, &cs);
+    Bv = full ? dtr_tensor_from(ctx, DTR_F32, 1, &NG, b) : NULL;
+    H0 = full ? dtr_tensor_from(ctx, DTR_F32, 2, ss, h0) : NULL, C0 = full && !gru ? dtr_tensor_from(ctx, DTR_F32, 2, ss, c0) : NULL;
+    hs = gru ? dtr_gru_sequence(ctx, G, W, Bv, H0) : dtr_lstm_sequence(ctx, G, W, Bv, H0, C0, &cs);
     CHECK_OK(ctx, dtr_context_status(ctx));
-    CHECK(dtr_tensor_ndim(hs) == 3 && dtr_tensor_dim(hs, 0) == SQ_T && dtr_tensor_dim(hs, 1) == SQ_B && dtr_tensor_dim(cs, 2) == SQ_H);
+    CHECK(dtr_tensor_ndim(hs) == 3 && dtr_tensor_dim(hs, 0) == SQ_T && dtr_tensor_dim(hs, 1) == SQ_B && dtr_tensor_dim(hs, 2) == SQ_H);
     dtr_tensor_read(hs, DTR_F32, seq_h, SQ_T * SQ_B * SQ_H);
-    dtr_tensor_read(cs, DTR_F32, seq_c, SQ_T * SQ_B * SQ_H);
+    if (!gru) dtr_tensor_read(cs, DTR_F32, seq_c, SQ_T * SQ_B * SQ_H);
     h = H0, c = C0;
     for (t = 0; t < SQ_T; t++) {
-        dtr_tensor *gt = dtr_tensor_from(ctx, DTR_F32, 2, g2, gx + t * SQ_B * 4 * SQ_H);
-        dtr_tensor *a = h ? dtr_add(ctx, gt, dtr_linear(ctx, h, W, Bv)) : Bv ? dtr_add(ctx, gt, Bv) : gt;
-        h = dtr_lstm_cell(ctx, a, c, &c);
+        dtr_tensor *gt = dtr_tensor_from(ctx, DTR_F32, 2, g2, gx + t * SQ_B * NG);
+        if (gru) {
+            h = gru_step_ops(ctx, gt, h, W, Bv);
+        } else {
+            dtr_tensor *a = h ? dtr_add(ctx, gt, dtr_linear(ctx, h, W, Bv)) : Bv ? dtr_add(ctx, gt, Bv) : gt;
+            h = dtr_lstm_cell(ctx, a, c, &c);
+        }
         CHECK_OK(ctx, dtr_context_status(ctx));
         dtr_tensor_read(h, DTR_F32, step_h, SQ_B * SQ_H);
-        dtr_tensor_read(c, DTR_F32, step_c, SQ_B * SQ_H);
+        if (!gru) dtr_tensor_read(c, DTR_F32, step_c, SQ_B * SQ_H);
         for (k = 0; k < SQ_B * SQ_H; k++)
-            bad += memcmp(&step_h[k], &seq_h[t * SQ_B * SQ_H + k], 4) != 0 || memcmp(&step_c[k], &seq_c[t * SQ_B * SQ_H + k], 4) != 0;
+            bad += memcmp(&step_h[k], &seq_h[t * SQ_B * SQ_H + k], 4) != 0 || (!gru && memcmp(&step_c[k], &seq_c[t * SQ_B * SQ_H + k], 4) != 0);
     }
-    CHECK_MSG(bad == 0, "%d of %d units differ from the steps made of ops (%d threads, %s)", bad, SQ_T * SQ_B * SQ_H, threads,
-              full ? "bias and state" : "none");
+    CHECK_MSG(bad == 0, "%s: %d of %d units differ from the steps made of ops (%d threads, %s)", gru ? "gru" : "lstm", bad, SQ_T * SQ_B * SQ_H,
+              threads, full ? "bias and state" : "none");
     dtr_context_destroy(ctx);
 }
 
-/* the gradients of gx, w_hh, b_hh, h0 and c0 from every step's h and c (dtr_backward_from with a
-   fixed gradient) into g (in that order): each worker walking its own rows (1 and 2 threads) or
-   the steps over the whole pool (5 threads: 33 rows are too few to split) */
-static void sequence_grads(int threads, float *g) {
+/* the gradients of gx, w_hh, b_hh, h0 (and c0) from every step's h (and c) (dtr_backward_from
+   with a fixed gradient) into g (in that order): each worker walking its own rows (1 and 2
+   threads) or the steps over the whole pool (5 threads: 33 rows are too few to split) */
+static void sequence_grads(int gru, int threads, float *g) {
     static float gx[SQ_T * SQ_B * 4 * SQ_H], w[4 * SQ_H * SQ_H], b[4 * SQ_H], h0[SQ_B * SQ_H], c0[SQ_B * SQ_H];
     static float dy[SQ_T * SQ_B * 2 * SQ_H];
     dtr_context *ctx = test_ctx(threads);
-    int64_t gs[3] = {SQ_T, SQ_B, 4 * SQ_H}, ws[2] = {4 * SQ_H, SQ_H}, bs = 4 * SQ_H, ss[2] = {SQ_B, SQ_H};
+    int64_t NG = (gru ? 3 : 4) * SQ_H, gs[3] = {SQ_T, SQ_B, NG}, ws[2] = {NG, SQ_H}, ss[2] = {SQ_B, SQ_H};
     dtr_tensor *in[5], *cs, *hs, *both[2];
     int i;
-    int64_t n[5] = {SQ_T * SQ_B * 4 * SQ_H, 4 * SQ_H * SQ_H, 4 * SQ_H, SQ_B * SQ_H, SQ_B * SQ_H};
+    int64_t n[5] = {SQ_T * SQ_B * NG, NG * SQ_H, NG, SQ_B * SQ_H, SQ_B * SQ_H};
     fill(gx, (int)n[0], 1.5, 0.37, 0.1, 0), fill(w, (int)n[1], 0.3, 0.71, 0.4, 1), fill(b, (int)n[2], 0.5, 1.3, 0.2, 0);
     fill(h0, (int)n[3], 0.8, 0.53, 0.3, 1), fill(c0, (int)n[4], 1.2, 0.29, 0.7, 0), fill(dy, SQ_T * SQ_B * 2 * SQ_H, 1.0, 0.61, 0.5, 1);
     in[0] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, gs, gx));
     in[1] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ws, w));
-    in[2] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &bs, b));
+    in[2] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &NG, b));
     in[3] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ss, h0));
     in[4] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ss, c0));
-    hs = dtr_lstm_sequence(ctx, in[0], in[1], in[2], in[3], in[4], &cs);
-    both[0] = hs, both[1] = cs;
-    CHECK_OK(ctx, dtr_backward_from(ctx, dtr_concat(ctx, both, 2, -1), dy));
-    for (i = 0; i < 5; i++) {
+    if (gru) {
+        CHECK_OK(ctx, dtr_backward_from(ctx, dtr_gru_sequence(ctx, in[0], in[1], in[2], in[3]), dy));
+    } else {
+        hs = dtr_lstm_sequence(ctx, in[0], in[1], in[2], in[3], in[4], &cs);
+        both[0] = hs, both[1] = cs;
+        CHECK_OK(ctx, dtr_backward_from(ctx, dtr_concat(ctx, both, 2, -1), dy));
+    }
+    for (i = 0; i < (gru ? 4 : 5); i++) {
         CHECK(dtr_tensor_read_grad(in[i], g, n[i]) == DTR_OK);
         g += n[i];
     }
     dtr_context_destroy(ctx);
 }
 
-static void check_sequence_grads(void) {
+static void check_sequence_grads(int gru) {
     enum { NG = SQ_T * SQ_B * 4 * SQ_H + 4 * SQ_H * SQ_H + 4 * SQ_H + 2 * SQ_B * SQ_H };
     static float g1[NG], g2[NG], g5[NG];
-    int k, nonzero = 0;
-    sequence_grads(1, g1), sequence_grads(2, g2), sequence_grads(5, g5);
-    for (k = 0; k < NG; k++) nonzero += g1[k] != 0.0f;
-    CHECK_MSG(nonzero > NG * 9 / 10, "%d of %d gradients nonzero", nonzero, NG);
-    CHECK_MSG(memcmp(g1, g2, sizeof g1) == 0, "the gradients at 2 threads (rows split) differ from 1 thread's");
-    CHECK_MSG(memcmp(g1, g5, sizeof g1) == 0, "the gradients at 5 threads (step by step) differ from 1 thread's");
+    int k, nonzero = 0, used = gru ? SQ_T * SQ_B * 3 * SQ_H + 3 * SQ_H * SQ_H + 3 * SQ_H + SQ_B * SQ_H : NG;
+    memset(g1, 0, sizeof g1), memset(g2, 0, sizeof g2), memset(g5, 0, sizeof g5);
+    sequence_grads(gru, 1, g1), sequence_grads(gru, 2, g2), sequence_grads(gru, 5, g5);
+    for (k = 0; k < used; k++) nonzero += g1[k] != 0.0f;
+    CHECK_MSG(nonzero > used * 9 / 10, "%s: %d of %d gradients nonzero", gru ? "gru" : "lstm", nonzero, used);
+    CHECK_MSG(memcmp(g1, g2, sizeof g1) == 0, "%s: the gradients at 2 threads (rows split) differ from 1 thread's", gru ? "gru" : "lstm");
+    CHECK_MSG(memcmp(g1, g5, sizeof g1) == 0, "%s: the gradients at 5 threads (step by step) differ from 1 thread's", gru ? "gru" : "lstm");
 }
 
 /* bad shapes: a clear error and no tensor */
 static void check_sequence_errors(void) {
     dtr_context *ctx = test_ctx(1);
-    int64_t g[3] = {2, 3, 8}, w[2] = {8, 2}, w3[2] = {8, 3}, b5 = 5, s[2] = {3, 2}, s4[2] = {4, 2}, g0[3] = {0, 3, 8};
+    int64_t g[3] = {2, 3, 8}, w[2] = {8, 2}, g6[2] = {6, 2}, w3[2] = {8, 3}, b5 = 5, s[2] = {3, 2}, s4[2] = {4, 2}, g0[3] = {0, 3, 8};
     dtr_tensor *G = dtr_tensor_zeros(ctx, DTR_F32, 3, g), *W = dtr_tensor_zeros(ctx, DTR_F32, 2, w), *S = dtr_tensor_zeros(ctx, DTR_F32, 2, s), *cs;
     struct { dtr_tensor *g, *w, *b, *h0, *c0; const char *msg; } bad[] = {
         {G, dtr_tensor_zeros(ctx, DTR_F32, 2, w3), NULL, NULL, NULL, "w_hh is (8, 3), not (4H, H)"},
@@ -284,15 +306,24 @@ static void check_sequence_errors(void) {
         dtr_context_clear_error(ctx);
     }
     CHECK(dtr_lstm_sequence(ctx, G, W, NULL, NULL, NULL, NULL) == NULL && dtr_context_status(ctx) == DTR_NULL_HANDLE);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_gru_sequence(ctx, G, dtr_tensor_zeros(ctx, DTR_F32, 2, g6), NULL, NULL) == NULL);   /* gx (2, 3, 8) for w_hh (6, 2) */
+    CHECK_MSG(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH && strstr(dtr_context_last_error(ctx), "dtr_gru_sequence: gx is (2, 3, 8), not (T, B, 6)"),
+              "%s", dtr_context_last_error(ctx));
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_gru_sequence(ctx, G, W, NULL, NULL) == NULL && strstr(dtr_context_last_error(ctx), "w_hh is (8, 2), not (3H, H)"));
     dtr_context_destroy(ctx);
 }
 
-static void test_lstm_sequence(void) {
-    check_sequence_bits(1, 1);
-    check_sequence_bits(2, 1);
-    check_sequence_bits(2, 0);
-    check_sequence_bits(5, 1);
-    check_sequence_grads();
+static void test_lstm_gru_sequence(void) {
+    int gru;
+    for (gru = 0; gru < 2; gru++) {
+        check_sequence_bits(gru, 1, 1);
+        check_sequence_bits(gru, 2, 1);
+        check_sequence_bits(gru, 2, 0);
+        check_sequence_bits(gru, 5, 1);
+        check_sequence_grads(gru);
+    }
     check_sequence_errors();
 }
 
@@ -880,7 +911,7 @@ static void test_layer_errors(void) {
 
 int main(void) {
     RUN(test_lstm_gru_torch);
-    RUN(test_lstm_sequence);
+    RUN(test_lstm_gru_sequence);
     RUN(test_rnn_learns);
     RUN(test_group_norm_torch);
     RUN(test_batch_norm_torch);

@@ -340,6 +340,29 @@ DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float
     dtr__f_lstm_cell_grad_act(i, f, g, o, c, t, gh, gc, di, df, dg, dout, dc_prev);
 }
 
+/** A GRU cell at one unit from the input's parts of its gates xr, xz, xn, the hidden state's
+ *  hr, hz, hn (h W_hh^T + b_hh) and the state before, h (0 for none): r = sigmoid(xr + hr),
+ *  z = sigmoid(xz + hz), n = tanh(xn + r hn), h' = n + z (h - n) (the arithmetic of the ops,
+ *  in their order). */
+DTR__HD void dtr__f_gru_cell(float xr, float xz, float xn, float hr, float hz, float hn, float h, float *r, float *z, float *n,
+                             float *h2) {
+    *r = dtr__f_sigmoid(xr + hr);
+    *z = dtr__f_sigmoid(xz + hz);
+    *n = dtr__f_tanh(xn + *r * hn);
+    *h2 = *n + *z * (h - *n);
+}
+/** Its gradients from r, z, n, hn and h and gh (of h'): the pre-activations' of r, z and n
+ *  (dr, dz: of both parts; dn: of xn), hn's (dhn) and h's through the update (dh). */
+DTR__HD void dtr__f_gru_cell_grad(float r, float z, float n, float hn, float h, float gh, float *dr, float *dz, float *dn, float *dhn,
+                                  float *dh) {
+    float gn = (gh - gh * z) * dtr__f_tanh_grad(n);
+    *dn = gn;
+    *dhn = gn * r;
+    *dr = gn * hn * dtr__f_sigmoid_grad(r);
+    *dz = gh * (h - n) * dtr__f_sigmoid_grad(z);
+    *dh = gh * z;
+}
+
 /** Batch norm's running statistics after a batch of cnt values a channel with mean m and
  *  biased variance v: each moves by momentum towards the batch's (the variance unbiased, v
  *  cnt / (cnt - 1), as PyTorch's), in double, rounded once. */

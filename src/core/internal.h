@@ -205,14 +205,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
     X(LSTM_CELL, "lstm_cell", lstm) X(CONV_TRANSPOSE2D, "conv_transpose2d", conv_transpose)     \
     X(MAX, "max", argmax) X(ARGMAX, "argmax", argmax) X(GATHER, "gather", gather)                \
-    X(UPSAMPLE, "upsample_nearest", upsample) X(LSTM, "lstm", lstm_seq)
+    X(UPSAMPLE, "upsample_nearest", upsample) X(LSTM, "lstm", rnn) X(GRU, "gru", rnn)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 61
+#define DTR__OP_COUNT_EXPECTED 62
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */

@@ -53,12 +53,13 @@ static int dtr__bwd_reads_no_data(int op) {
 }
 
 /* ops whose backward kernel reads its output's values (tanh', sigmoid', exp' and sqrt' from y,
-   softmax's and attention's backward, the LSTM sequence's earlier steps' h and c; the
+   softmax's and attention's backward, the recurrences' earlier steps' h (and c); the
    tensor-parallel ops copy every tensor of the node) */
 static int dtr__bwd_reads_out(int op) {
     return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_EXP || op == DTR_OP_SQRT || op == DTR_OP_SOFTMAX ||
            op == DTR_OP_LOG_SOFTMAX || op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY ||
-           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY || op == DTR_OP_LSTM;
+           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY || op == DTR_OP_LSTM ||
+           op == DTR_OP_GRU;
 }
 
 /* 1 when t is 16-bit and the kernel (forward: bwd 0) reads or writes its values: in[i] (out: -1) */

@@ -395,7 +395,7 @@ static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dt
                      dtr__cuda_rope_narrow = 1, dtr__cuda_batchnorm_narrow = 1, dtr__cuda_lstm_narrow = 1,
                      dtr__cuda_conv_transpose_narrow = 0, dtr__cuda_argmax_narrow = 0,
                      dtr__cuda_gather_narrow = 0, dtr__cuda_upsample_narrow = 1,
-                     dtr__cuda_lstm_seq_narrow = 0;
+                     dtr__cuda_rnn_narrow = 0;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {

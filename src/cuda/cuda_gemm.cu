@@ -468,28 +468,31 @@ static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
 
-/* ---- LSTM over a sequence (dtr_lstm_sequence; the CPU's is in src/ops/ops_nn.c): gx (T, B,
- * 4H), w_hh (4H, H), b_hh, h0, c0 -> y (T, B, 2H). A step is a GEMM for h W_hh^T and one
- * kernel for the gates (a thread a unit), which keeps their activations and tanh(c') (saved
- * (T, B, 5H) when taped); backward walks the steps in reverse carrying dh (a GEMM a step) and
- * dc, then W_hh's gradient is one GEMM over all steps. f32 kernels (16-bit tensors widened). ---- */
+/* ---- recurrences over a sequence (dtr_lstm_sequence, dtr_gru_sequence; the CPU's are in
+ * src/ops/ops_nn.c): gx (T, B, G H), w_hh (G H, H), b_hh, h0 (and the LSTM's c0) -> y (T, B, Y).
+ * A step is a GEMM for h W_hh^T and one kernel for the gates (a thread a unit), which keeps
+ * what backward needs (the LSTM's activations and tanh(c'), the GRU's r, z, n and hn; saved
+ * (T, B, 5H) / (T, B, 4H) when taped); backward walks the steps in reverse carrying dh (a GEMM
+ * a step; the LSTM's dc too), then W_hh's gradient is one GEMM over all steps. f32 kernels
+ * (16-bit tensors widened). ---- */
 
-typedef struct dtr__cuda_lstm_step {
-    const float *gx, *bias, *c, *gy;   /* this step's gx; b_hh; the cell before (row stride ldc); y's gradient */
-    float *a, *ts, *y;                 /* gates (h W^T in, activations out); tanh(c'); [h | c'] */
-    float *dh, *dc, *da, *gc0;         /* backward: carried gradients of h and c; the gates'; c0's (step 0) */
-    int64_t B, H, ldc;
-    int hh;                            /* a holds h W^T */
-} dtr__cuda_lstm_step;
+typedef struct dtr__cuda_rnn_step {
+    const float *gx, *bias, *c, *h, *gy;  /* this step's gx; b_hh; the LSTM's cell before (row stride ldc); h before (ldh); y's gradient */
+    float *a, *ts, *y;                    /* gates (h W^T in, kept values out); the LSTM's tanh(c'); y's step */
+    float *dh, *dc, *da, *dx, *gc0, *gh0; /* backward: carried gradients of h and c; the gates' (against W_hh; the GRU's gx's apart);
+                                             c0's and h0's (step 0) */
+    int64_t B, H, ldc, ldh, Y;
+    int hh;                               /* a holds h W^T */
+} dtr__cuda_rnn_step;
 
-/* gate q's pre-activation at element e (row r, unit k) as the CPU's dtr__lstm_gates_in */
-__device__ static float dtr__cuda_lstm_pre(const dtr__cuda_lstm_step &s, int64_t e, int64_t bq) {
+/* the LSTM gate q's pre-activation at element e (row r, unit k) as the CPU's dtr__lstm_gates_in */
+__device__ static float dtr__cuda_lstm_pre(const dtr__cuda_rnn_step &s, int64_t e, int64_t bq) {
     if (s.hh && s.bias) return s.gx[e] + (s.a[e] + s.bias[bq]);
     if (s.hh) return s.gx[e] + s.a[e];
     return s.bias ? s.gx[e] + s.bias[bq] : s.gx[e];
 }
 
-__global__ static void dtr__cuda_lstm_seq_fwd_k(dtr__cuda_lstm_step s) {
+__global__ static void dtr__cuda_lstm_seq_fwd_k(dtr__cuda_rnn_step s) {
     DTR__CUDA_FOR(u, s.B * s.H) {
         int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k;
         float g[4], h, c2, t;
@@ -501,9 +504,9 @@ __global__ static void dtr__cuda_lstm_seq_fwd_k(dtr__cuda_lstm_step s) {
     }
 }
 
-/* step t's gates' gradients into da from y's gradient plus the carried dh, dc; dc becomes the
-   previous cell's (at step 0: added into c0's gradient gc0, if any) */
-__global__ static void dtr__cuda_lstm_seq_bwd_k(dtr__cuda_lstm_step s, int first) {
+/* LSTM step t's gates' gradients into da from y's gradient plus the carried dh, dc; dc becomes
+   the previous cell's (at step 0: added into c0's gradient gc0, if any) */
+__global__ static void dtr__cuda_lstm_seq_bwd_k(dtr__cuda_rnn_step s, int first) {
     DTR__CUDA_FOR(u, s.B * s.H) {
         int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k;
         float d[4], dcp;
@@ -515,71 +518,111 @@ __global__ static void dtr__cuda_lstm_seq_bwd_k(dtr__cuda_lstm_step s, int first
     }
 }
 
-/* step t's pointers: gates and tanh(c') at A's step t (or its one step), the cell before */
-static dtr__cuda_lstm_step dtr__cuda_lstm_at(const dtr__node *nd, float *A, int64_t t, int all) {
-    dtr__cuda_lstm_step s;
-    int64_t T = nd->out->shape[0];
+/* the GRU's hidden part of gate q at unit (r, k) (a row of 4H), as the CPU's forward body */
+__device__ static float dtr__cuda_gru_hid(const dtr__cuda_rnn_step &s, int64_t r, int q, int64_t k) {
+    float b = s.bias ? s.bias[q * s.H + k] : 0.0f;
+    if (!s.hh) return b;
+    return s.bias ? s.a[r * 4 * s.H + q * s.H + k] + b : s.a[r * 4 * s.H + q * s.H + k];
+}
+
+__global__ static void dtr__cuda_gru_seq_fwd_k(dtr__cuda_rnn_step s) {
+    DTR__CUDA_FOR(u, s.B * s.H) {
+        int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k, x = r * 3 * s.H + k;
+        float hr = dtr__cuda_gru_hid(s, r, 0, k), hz = dtr__cuda_gru_hid(s, r, 1, k), hn = dtr__cuda_gru_hid(s, r, 2, k), g[3], h2;
+        dtr__f_gru_cell(s.gx[x], s.gx[x + s.H], s.gx[x + 2 * s.H], hr, hz, hn, s.h ? s.h[r * s.ldh + k] : 0.0f, &g[0], &g[1], &g[2], &h2);
+        s.a[o] = g[0], s.a[o + s.H] = g[1], s.a[o + 2 * s.H] = g[2], s.a[o + 3 * s.H] = hn;
+        s.y[u] = h2;
+    }
+}
+
+/* GRU step t: the gates' gradients into dx (gx's) and da (against W_hh) from y's gradient plus
+   the carried dh; dh becomes the update's share z dh' (the GEMM adds the rest), at step 0 added
+   into h0's gradient */
+__global__ static void dtr__cuda_gru_seq_bwd_k(dtr__cuda_rnn_step s, int first) {
+    DTR__CUDA_FOR(u, s.B * s.H) {
+        int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k, x = r * 3 * s.H + k;
+        float dr, dz, dn, dhn, dh;
+        dtr__f_gru_cell_grad(s.a[o], s.a[o + s.H], s.a[o + 2 * s.H], s.a[o + 3 * s.H], s.h ? s.h[r * s.ldh + k] : 0.0f, s.gy[u] + s.dh[u],
+                             &dr, &dz, &dn, &dhn, &dh);
+        s.dx[x] = s.da[x] = dr, s.dx[x + s.H] = s.da[x + s.H] = dz, s.dx[x + 2 * s.H] = dn, s.da[x + 2 * s.H] = dhn;
+        if (!first) s.dh[u] = dh;
+        else if (s.gh0) s.gh0[u] += dh;
+    }
+}
+
+/* step t's pointers: the kept gates (rows of S floats) at A's step t (or its one step), the
+   LSTM's tanh(c') after them, the state before */
+static dtr__cuda_rnn_step dtr__cuda_rnn_at(const dtr__node *nd, float *A, int64_t t, int all) {
+    dtr__cuda_rnn_step s;
+    int64_t T = nd->out->shape[0], S;
+    int gru = nd->op == DTR_OP_GRU;
     memset(&s, 0, sizeof s);
-    s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1];
-    s.gx = dtr__f32(nd->in[0]) + t * s.B * 4 * s.H, s.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    s.y = dtr__f32(nd->out) + t * s.B * 2 * s.H;
-    s.c = t ? s.y - s.B * 2 * s.H + s.H : nd->in[4] ? dtr__f32(nd->in[4]) : NULL, s.ldc = t ? 2 * s.H : s.H;
-    s.a = A + (all ? t : 0) * s.B * 4 * s.H, s.ts = A + (all ? T : 1) * s.B * 4 * s.H + (all ? t : 0) * s.B * s.H;
+    s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1], s.Y = nd->out->shape[2], S = 4 * s.H;
+    s.gx = dtr__f32(nd->in[0]) + t * s.B * (gru ? 3 : 4) * s.H, s.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    s.y = dtr__f32(nd->out) + t * s.B * s.Y;
+    s.h = t ? s.y - s.B * s.Y : nd->in[3] ? dtr__f32(nd->in[3]) : NULL, s.ldh = t ? s.Y : s.H;
+    s.c = gru ? NULL : t ? s.y - s.B * s.Y + s.H : nd->in[4] ? dtr__f32(nd->in[4]) : NULL, s.ldc = s.ldh;
+    s.a = A + (all ? t : 0) * s.B * S, s.ts = gru ? NULL : A + (all ? T : 1) * s.B * S + (all ? t : 0) * s.B * s.H;
     return s;
 }
 
-static dtr_result dtr__cuda_lstm_seq_fwd(dtr_context *ctx, dtr__node *nd) {
-    int64_t T = nd->out->shape[0], B = nd->out->shape[1], H = nd->in[1]->shape[1], t, steps = nd->taped ? T : 1;
-    const float *w = dtr__f32(nd->in[1]);
-    float *A = (float *)(nd->taped ? dtr__node_save(ctx, nd, (size_t)(steps * B * 5 * H) * sizeof(float))
-                                   : dtr__cuda_scratch(ctx, (size_t)(B * 5 * H) * sizeof(float)));
+static dtr_result dtr__cuda_rnn_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t T = nd->out->shape[0], B = nd->out->shape[1], H = nd->in[1]->shape[1], G = (nd->op == DTR_OP_GRU ? 3 : 4) * H, t;
+    size_t per = (size_t)(B * (nd->op == DTR_OP_GRU ? 4 : 5) * H) * sizeof(float);
+    float *A = (float *)(nd->taped ? dtr__node_save(ctx, nd, (size_t)T * per) : dtr__cuda_scratch(ctx, per));
     if (!A) return ctx->status;
     if (nd->taped) nd->saved = A;
     for (t = 0; t < T; t++) {
-        dtr__cuda_lstm_step s = dtr__cuda_lstm_at(nd, A, t, nd->taped);
-        const float *h = t ? s.y - B * 2 * H : nd->in[3] ? dtr__f32(nd->in[3]) : NULL;
-        /* a (B, 4H) = h (B, H) W^T (H, 4H) */
-        if ((s.hh = h != NULL) && dtr__cuda_gemm(ctx, B, 4 * H, H, 1.0f, h, t ? 2 * H : H, 1, 0, w, 1, H, 0, 0.0f, s.a, 4 * H, 0, 1) != DTR_OK)
+        dtr__cuda_rnn_step s = dtr__cuda_rnn_at(nd, A, t, nd->taped);
+        /* a (B, G H) (row stride 4H) = h (B, H) W^T (H, G H) */
+        if ((s.hh = s.h != NULL) &&
+            dtr__cuda_gemm(ctx, B, G, H, 1.0f, s.h, s.ldh, 1, 0, dtr__f32(nd->in[1]), 1, H, 0, 0.0f, s.a, 4 * H, 0, 1) != DTR_OK)
             return ctx->status;
-        dtr__cuda_lstm_seq_fwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s);
+        if (nd->op == DTR_OP_GRU) dtr__cuda_gru_seq_fwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s);
+        else dtr__cuda_lstm_seq_fwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
     return DTR_OK;
 }
 
 /* w_hh's gradient (every step's dA against the h before it), b_hh's (dA's column sums) and
-   gx's (dA) */
-static dtr_result dtr__cuda_lstm_seq_sums(dtr_context *ctx, dtr__node *nd, const float *dA) {
-    int64_t T = nd->out->shape[0], B = nd->out->shape[1], H = nd->in[1]->shape[1], G = 4 * H;
+   gx's (dX: dA, or the GRU's own) */
+static dtr_result dtr__cuda_rnn_sums(dtr_context *ctx, dtr__node *nd, const float *dA, const float *dX) {
+    int64_t T = nd->out->shape[0], B = nd->out->shape[1], H = nd->in[1]->shape[1], G = dtr_tensor_dim(nd->in[0], 2), Y = nd->out->shape[2];
     float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
-    const float *y = dtr__f32(nd->out);
     if (gx) {
-        dtr__cuda_add_k<<<dtr__cuda_grid(T * B * G), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gx, dA, T * B * G);
+        dtr__cuda_add_k<<<dtr__cuda_grid(T * B * G), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gx, dX, T * B * G);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
-    /* dW (4H, H) += dA_t^T (4H, B) h_{t-1} (B, H), summed over steps 1.. in one product, and step 0's with h0 */
-    if (gw && T > 1 && dtr__cuda_gemm(ctx, G, H, (T - 1) * B, 1.0f, dA + B * G, 1, G, 0, y, 2 * H, 1, 0, 1.0f, gw, H, 0, 1) != DTR_OK)
+    /* dW (G H, H) += dA_t^T (G H, B) h_{t-1} (B, H), summed over steps 1.. in one product, and step 0's with h0 */
+    if (gw && T > 1 &&
+        dtr__cuda_gemm(ctx, G, H, (T - 1) * B, 1.0f, dA + B * G, 1, G, 0, dtr__f32(nd->out), Y, 1, 0, 1.0f, gw, H, 0, 1) != DTR_OK)
         return ctx->status;
     if (gw && nd->in[3] && dtr__cuda_gemm(ctx, G, H, B, 1.0f, dA, 1, G, 0, dtr__f32(nd->in[3]), H, 1, 0, 1.0f, gw, H, 0, 1) != DTR_OK)
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, dA, dtr__cuda_mem_of(NULL), NULL, T * B, G, gb) : DTR_OK;
 }
 
-static dtr_result dtr__cuda_lstm_seq_bwd(dtr_context *ctx, dtr__node *nd) {
-    int64_t T = nd->out->shape[0], B = nd->out->shape[1], H = nd->in[1]->shape[1], G = 4 * H, t;
-    float *dA = (float *)dtr__cuda_scratch(ctx, (size_t)((T * G + 2 * H) * B) * sizeof(float)), *gh0 = dtr__gradof(nd->in[3]);
+static dtr_result dtr__cuda_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t T = nd->out->shape[0], B = nd->out->shape[1], H = nd->in[1]->shape[1], G = dtr_tensor_dim(nd->in[0], 2), t;
+    int gru = nd->op == DTR_OP_GRU;
+    float *dA = (float *)dtr__cuda_scratch(ctx, (size_t)(((gru ? 2 : 1) * T * G + 2 * H) * B) * sizeof(float)), *dX, *gh0 = dtr__gradof(nd->in[3]);
     if (!dA) return ctx->status;
-    if (dtr__cuda_memset0(ctx, dA + T * B * G, (size_t)(2 * B * H) * sizeof(float)) != DTR_OK) return ctx->status;
+    dX = gru ? dA + T * B * G : dA;
+    if (dtr__cuda_memset0(ctx, dA + (gru ? 2 : 1) * T * B * G, (size_t)(2 * B * H) * sizeof(float)) != DTR_OK) return ctx->status;
     for (t = T - 1; t >= 0; t--) {
-        dtr__cuda_lstm_step s = dtr__cuda_lstm_at(nd, (float *)nd->saved, t, 1);
-        s.gy = nd->out->grad + t * B * 2 * H, s.da = dA + t * B * G, s.dh = dA + T * B * G, s.dc = s.dh + B * H;
-        s.gc0 = dtr__gradof(nd->in[4]);
-        dtr__cuda_lstm_seq_bwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s, t == 0);
+        dtr__cuda_rnn_step s = dtr__cuda_rnn_at(nd, (float *)nd->saved, t, 1);
+        s.gy = nd->out->grad + t * B * s.Y, s.da = dA + t * B * G, s.dx = dX + t * B * G;
+        s.dh = dA + (gru ? 2 : 1) * T * B * G, s.dc = s.dh + B * H;
+        s.gc0 = nd->n_in > 4 ? dtr__gradof(nd->in[4]) : NULL, s.gh0 = gh0;
+        if (gru) dtr__cuda_gru_seq_bwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s, t == 0);
+        else dtr__cuda_lstm_seq_bwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s, t == 0);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-        /* the h before's gradient (B, H) = dA_t (B, 4H) W (4H, H): carried, or added into h0's */
-        if ((t || gh0) && dtr__cuda_gemm(ctx, B, H, G, 1.0f, s.da, G, 1, 0, dtr__f32(nd->in[1]), H, 1, 0, t ? 0.0f : 1.0f, t ? s.dh : gh0, H,
-                                         0, 1) != DTR_OK)
+        /* the h before's gradient (B, H) += dA_t (B, G H) W (G H, H): the carried one (the GRU's
+           holds z dh' already; the LSTM's is replaced), or h0's */
+        if ((t || gh0) && dtr__cuda_gemm(ctx, B, H, G, 1.0f, s.da, G, 1, 0, dtr__f32(nd->in[1]), H, 1, 0, (t && !gru) ? 0.0f : 1.0f,
+                                         t ? s.dh : gh0, H, 0, 1) != DTR_OK)
             return ctx->status;
     }
-    return dtr__cuda_lstm_seq_sums(ctx, nd, dA);
+    return dtr__cuda_rnn_sums(ctx, nd, dA, dX);
 }

@@ -2,9 +2,9 @@
  * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
  * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
  * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
- * B T rows); each step then adds h W_hh^T and applies the gates: the LSTM's whole recurrence
- * is one op (dtr_lstm_sequence, over the time-major sequence), a step one dtr_lstm_cell; the
- * GRU's steps are made of element-wise ops. Shapes: x (B, T, I) or one
+ * B T rows); each step then adds h W_hh^T and applies the gates: a whole recurrence is one op
+ * (dtr_lstm_sequence, dtr_gru_sequence, over the time-major sequence); a single step is made
+ * of ops (the LSTM's gates and cell one of them, dtr_lstm_cell). Shapes: x (B, T, I) or one
  * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
  * ==========================================================================*/
 #include "../public/api.h"
@@ -119,16 +119,6 @@ dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_ten
     return dtr__gru_step(ctx, l, dtr_linear(ctx, x, l->weight_ih, l->bias_ih), h);
 }
 
-/* (B, H) <-> (B, 1, H): a state as the caller holds it and in the sequence's layout */
-static dtr_tensor *dtr__rnn_row(dtr_context *ctx, dtr_tensor *s, int to_row) {
-    int64_t shape[3];
-    if (!s) return NULL;
-    shape[0] = s->shape[0], shape[1] = 1, shape[2] = s->shape[s->ndim - 1];
-    if (to_row) return dtr_reshape(ctx, s, 3, shape);
-    shape[1] = shape[2];
-    return dtr_reshape(ctx, s, 2, shape);
-}
-
 /* (T, B, ...) <-> (B, T, ...), contiguous */
 static dtr_tensor *dtr__rnn_swap(dtr_context *ctx, dtr_tensor *x) {
     static const int perm[3] = {1, 0, 2};
@@ -156,17 +146,13 @@ static dtr_tensor *dtr__lstm_layer_run(dtr_context *ctx, const dtr_lstm_layer *l
     return ctx->status == DTR_OK ? y : NULL;
 }
 
-/* Runs the T steps of a GRU over x (B, T, I) and concatenates their h (B, T, H). */
-static dtr_tensor *dtr__gru_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
-    int64_t T = x->shape[1], t;
-    dtr_tensor *gx = dtr_linear(ctx, x, l->weight_ih, l->bias_ih), **hs, *y;
-    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), "dtr_gru_layer_forward");
+/* The GRU over x (B, T, I) as one op on the time-major sequence, as the LSTM's. */
+static dtr_tensor *dtr__gru_layer_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
+    dtr_tensor *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
+    dtr_tensor *hs = gx ? dtr_gru_sequence(ctx, gx, l->weight_hh, l->bias_hh, h) : NULL, *y;
     if (!hs) return NULL;
-    h = dtr__rnn_row(ctx, h, 1);
-    for (t = 0; t < T && ctx->status == DTR_OK; t++) h = hs[t] = dtr__gru_step(ctx, l, dtr_slice(ctx, gx, 1, t, t + 1), h);
-    if (ctx->status != DTR_OK) return NULL;
-    y = dtr_concat(ctx, hs, (int)T, 1);
-    if (h_out) *h_out = dtr__rnn_row(ctx, h, 0);
+    y = dtr__rnn_swap(ctx, hs);
+    if (h_out) *h_out = dtr__rnn_at(ctx, hs, x->shape[1] - 1);
     return ctx->status == DTR_OK ? y : NULL;
 }
 
@@ -187,5 +173,5 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
     if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
-    return dtr__gru_run(ctx, l, x, h0, h_out);
+    return dtr__gru_layer_run(ctx, l, x, h0, h_out);
 }

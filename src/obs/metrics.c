@@ -13,8 +13,8 @@
  * (element-wise, reductions, softmax, losses) one per element of its largest tensor.
  * Attention (dtr_attention, one fused op) counts what its unfused form would: q k^T and P v,
  * 2*B*T*T*C each, and a scale and a softmax, one per score (B*H*T*T each); backward twice that.
- * The LSTM sequence (dtr_lstm_sequence) counts its recurrent products, 2*T*B*4H*H; backward
- * twice that (the gradients of h and of W_hh).
+ * The recurrences (dtr_lstm_sequence, dtr_gru_sequence) count their recurrent products,
+ * 2*T*B*G*H*H (G = 4, 3); backward twice that (the gradients of h and of W_hh).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_data.h"
@@ -193,7 +193,7 @@ static double dtr__obs_flops(const dtr__node *n) {
         const dtr_tensor *w = n->in[1];
         return 2.0 * dtr__obs_numel(n->in[0]) * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
-    case DTR_OP_LSTM:   /* every step's h W_hh^T: gx (T, B, 4H) times H; the gates' arithmetic not counted */
+    case DTR_OP_LSTM: case DTR_OP_GRU:   /* every step's h W_hh^T: gx (T, B, G H) times H; the gates' arithmetic not counted */
         return 2.0 * dtr__obs_numel(n->in[0]) * (double)n->in[1]->shape[1];
     case DTR_OP_ATTENTION: {   /* q (B, Tq, C), k, v (B, Tk, C), H heads: every score counted, causal or not */
         const dtr_tensor *q = n->in[0];
@@ -216,7 +216,7 @@ void dtr__obs_op(dtr_metrics *m, const dtr__node *n, int bwd, double t0, double 
         double bias = dtr__obs_has_bias(n) ? dtr__obs_numel(n->out) : 0.0;
         f = 2.0 * (f - bias) + bias;   /* both operands' gradients; the bias's is a sum */
     }
-    if (bwd && (n->op == DTR_OP_ATTENTION || n->op == DTR_OP_LSTM)) f *= 2.0;   /* LSTM: dh and dW_hh */
+    if (bwd && (n->op == DTR_OP_ATTENTION || n->op == DTR_OP_LSTM || n->op == DTR_OP_GRU)) f *= 2.0;   /* recurrences: dh and dW_hh */
     m->flops += f;
     if (m->ring)
         dtr__obs_span(m, dtr__op_name(n->op), bwd ? DTR__OBS_BACKWARD : DTR__OBS_FORWARD, 0, -1, t0, t1);

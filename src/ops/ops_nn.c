@@ -943,197 +943,283 @@ dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- LSTM over a sequence: gx (T, B, 4H), w_hh (4H, H), b_hh (4H), h0, c0 (B, H) (the last
- * three optional) -> y (T, B, 2H), [h_t | c_t] at each step. When taped, the forward keeps
- * every step's gate activations (T, B, 4H) and tanh(c_t) (T, B, H) (else one step's scratch). ---- */
+/* ---- recurrences over a sequence: an LSTM's (dtr_lstm_sequence) and a GRU's (dtr_gru_sequence).
+ * gx (T, B, G H) (G = 4 or 3), w_hh (G H, H), b_hh (G H), h0 (and the LSTM's c0) (B, H), the
+ * last ones optional -> y (T, B, Y): [h_t | c_t] (Y = 2H) or h_t (Y = H). When taped, the
+ * forward keeps every step's gates: the LSTM's activations (T, B, 4H) and tanh(c_t) (T, B, H),
+ * the GRU's r, z, n and h W_hn^T + b_hn (T, B, 4H); else one step's scratch. ---- */
 
-/* 1 when gx is (T, B, 4H) for w_hh (4H, H) with T, B, H > 0, b_hh (4H) and h0, c0 (B, H) or NULL;
-   else 0 with the context's error */
-static int dtr__lstm_seq_shapes_ok(dtr_context *ctx, const dtr_tensor *gx, const dtr_tensor *w, const dtr_tensor *b, const dtr_tensor *h0,
-                                   const dtr_tensor *c0) {
+/* 1 when gx is (T, B, G H) for w_hh (G H, H) with T, B, H > 0, b_hh (G H) and h0, c0 (B, H) or
+   NULL; else 0 with the context's error (naming fn) */
+static int dtr__rnn_seq_shapes_ok(dtr_context *ctx, const char *fn, int G, const dtr_tensor *gx, const dtr_tensor *w, const dtr_tensor *b,
+                                  const dtr_tensor *h0, const dtr_tensor *c0) {
     char s1[96], s2[96];
     int64_t H = w->ndim == 2 ? w->shape[1] : 0;
     const dtr_tensor *st = h0 && !(h0->ndim == 2 && h0->shape[0] == gx->shape[1] && h0->shape[1] == H) ? h0 : c0;
-    if (H == 0 || w->shape[0] != 4 * H)
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: w_hh is %s, not (4H, H) with H > 0", dtr__shape_str(w, s1, sizeof s1)), 0;
-    if (gx->ndim != 3 || gx->shape[0] == 0 || gx->shape[1] == 0 || gx->shape[2] != 4 * H)
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: gx is %s, not (T, B, %lld) with T, B > 0",
-                         dtr__shape_str(gx, s1, sizeof s1), (long long)(4 * H)), 0;
-    if (b && !(b->ndim == 1 && b->shape[0] == 4 * H))
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: b_hh is %s, not (%lld)", dtr__shape_str(b, s1, sizeof s1),
-                         (long long)(4 * H)), 0;
+    if (H == 0 || w->shape[0] != G * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: w_hh is %s, not (%dH, H) with H > 0", fn, dtr__shape_str(w, s1, sizeof s1), G), 0;
+    if (gx->ndim != 3 || gx->shape[0] == 0 || gx->shape[1] == 0 || gx->shape[2] != G * H)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: gx is %s, not (T, B, %lld) with T, B > 0", fn, dtr__shape_str(gx, s1, sizeof s1),
+                         (long long)(G * H)), 0;
+    if (b && !(b->ndim == 1 && b->shape[0] == G * H))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: b_hh is %s, not (%lld)", fn, dtr__shape_str(b, s1, sizeof s1), (long long)(G * H)), 0;
     if (st && !(st->ndim == 2 && st->shape[0] == gx->shape[1] && st->shape[1] == H))
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_sequence: %s is %s, not (%lld, %lld)", st == h0 ? "h0" : "c0",
-                         dtr__shape_str(st, s2, sizeof s2), (long long)gx->shape[1], (long long)H), 0;
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: %s is %s, not (%lld, %lld)", fn, st == h0 ? "h0" : "c0", dtr__shape_str(st, s2, sizeof s2),
+                         (long long)gx->shape[1], (long long)H), 0;
     return 1;
+}
+
+/* the node of a recurrence op (DTR_OP_LSTM with n_in 5, DTR_OP_GRU with 4) and its output
+   (T, B, Y), checked, recorded */
+static dtr_tensor *dtr__rnn_seq_node(dtr_context *ctx, const char *fn, int op, int n_in, dtr_tensor **in) {
+    static const char *const names[5] = {"gx", "w_hh", "b_hh", "h0", "c0"};
+    int i, G = op == DTR_OP_LSTM ? 4 : 3;
+    int64_t shape[3];
+    dtr__node *n;
+    for (i = 0; i < n_in; i++)
+        if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], names[i])) return NULL;
+    if (!dtr__rnn_seq_shapes_ok(ctx, fn, G, in[0], in[1], in[2], in[3], n_in > 4 ? in[4] : NULL)) return NULL;
+    for (i = 0; i < n_in; i++)
+        if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
+    if (!(n = dtr__node_new(ctx, op, n_in, in))) return NULL;
+    shape[0] = in[0]->shape[0], shape[1] = in[0]->shape[1], shape[2] = (G == 4 ? 2 : 1) * in[1]->shape[1];
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
+    return n->out ? dtr__record(ctx, n, fn) : NULL;
 }
 
 dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0, dtr_tensor *c0,
                               dtr_tensor **c_out) {
-    static const char fn[] = "dtr_lstm_sequence";
     dtr_tensor *in[5], *out;
-    int64_t shape[3], H;
-    dtr__node *n;
-    int i;
+    int64_t H;
     if (!ctx) return NULL;
     if (c_out) *c_out = NULL;
     if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_sequence: c_out is NULL");
     in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0;
-    for (i = 0; i < 5; i++)
-        if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], i == 0 ? "gx" : i == 1 ? "w_hh" : i == 2 ? "b_hh" : i == 3 ? "h0" : "c0"))
-            return NULL;
-    if (!dtr__lstm_seq_shapes_ok(ctx, gx, w_hh, b_hh, h0, c0)) return NULL;
+    if (!(out = dtr__rnn_seq_node(ctx, "dtr_lstm_sequence", DTR_OP_LSTM, 5, in))) return NULL;
     H = w_hh->shape[1];
-    for (i = 0; i < 5; i++)
-        if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
-    if (!(n = dtr__node_new(ctx, DTR_OP_LSTM, 5, in))) return NULL;
-    shape[0] = gx->shape[0], shape[1] = gx->shape[1], shape[2] = 2 * H;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
-    if (!n->out || !(out = dtr__record(ctx, n, fn))) return NULL;
     *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
-/* the sequence op's tensors as pointers */
-typedef struct dtr__lstm_seq {
-    int64_t T, B, H, G;   /* G = 4 H */
+dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0) {
+    dtr_tensor *in[4];
+    if (!ctx) return NULL;
+    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0;
+    return dtr__rnn_seq_node(ctx, "dtr_gru_sequence", DTR_OP_GRU, 4, in);
+}
+
+/* One GRU cell pass over rows [b, e). Forward: a (rows, 4H): in, h W_hh^T in its first 3H
+   columns (hh 1; else nothing), out r, z, n and hn = h W_hn^T + b_hn; gx (rows, 3H), bias (3H)
+   or NULL, the state before h (row stride ldh) or NULL (zeros), y (rows, H). Backward from g
+   (rows, H): the pre-activations' gradients written to dgx (rows, 3H; r, z, n) and dgh (rows,
+   3H; r, z, hn's), h's through the update added into gh (row stride ldh) if any. */
+typedef struct dtr__gru_job {
+    float *a, *y, *dgx, *dgh, *gh;
+    const float *gx, *bias, *h, *g;
+    int64_t H, ldh;
+    int hh;
+} dtr__gru_job;
+
+DTR__SIMD_BODY void dtr__gru_fwd_body(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__gru_job *j = (const dtr__gru_job *)arg;
+    int64_t r, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *y = j->y + r * H;
+        const float *xr = j->gx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hp = j->h ? j->h + r * j->ldh : NULL, *bs = j->bias;
+        if (j->hh && bs) DTR__ELEMENTWISE(0, 3 * H, ar[i] = ar[i] + bs[i]);   /* h W^T + b, as dtr_linear */
+        else if (!j->hh && bs) memcpy(ar, bs, (size_t)(3 * H) * sizeof(float));
+        else if (!j->hh) memset(ar, 0, (size_t)(3 * H) * sizeof(float));
+        memcpy(hn, an, (size_t)H * sizeof(float));
+        if (hp) DTR__ELEMENTWISE(0, H, dtr__f_gru_cell(xr[i], xz[i], xn[i], ar[i], az[i], hn[i], hp[i], &ar[i], &az[i], &an[i], &y[i]));
+        else DTR__ELEMENTWISE(0, H, dtr__f_gru_cell(xr[i], xz[i], xn[i], ar[i], az[i], hn[i], 0.0f, &ar[i], &az[i], &an[i], &y[i]));
+    }
+}
+
+DTR__SIMD_BODY void dtr__gru_bwd_body(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__gru_job *j = (const dtr__gru_job *)arg;
+    int64_t r, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *g = j->g + r * H;
+        const float *hp = j->h ? j->h + r * j->ldh : NULL;
+        float *xr = j->dgx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hr = j->dgh + r * 3 * H, *hz = hr + H, *dhn = hz + H;
+        float dh[64], *gh = j->gh ? j->gh + r * j->ldh : NULL;
+        int64_t k0, k, n;
+        for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time: h's share through a local array */
+            n = H - k0 < 64 ? H - k0 : 64;
+            DTR__ELEMENTWISE(k0, k0 + n, dtr__f_gru_cell_grad(ar[i], az[i], an[i], hn[i], hp ? hp[i] : 0.0f, g[i], &xr[i], &xz[i], &xn[i],
+                                                              &dhn[i], &dh[i - k0]));
+            for (k = 0; gh && k < n; k++) gh[k0 + k] += dh[k];
+        }
+        memcpy(hr, xr, (size_t)(2 * H) * sizeof(float));   /* r's and z's pre-activations: one gradient for both parts */
+    }
+}
+
+static void dtr__gru_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
+static void dtr__gru_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__gru_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__gru_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
+
+/* the recurrence op's tensors as pointers; G gates of H, output rows of Y */
+typedef struct dtr__rnn_seq {
+    int64_t T, B, H, G, Y;
     const float *gx, *w, *b, *h0, *c0;
     float *y;
-} dtr__lstm_seq;
+    int gru;
+} dtr__rnn_seq;
 
-static dtr__lstm_seq dtr__lstm_seq_of(const dtr__node *nd) {
-    dtr__lstm_seq s;
-    s.T = nd->out->shape[0], s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1], s.G = 4 * s.H;
+static const char *dtr__rnn_name(const dtr__rnn_seq *s) { return s->gru ? "dtr_gru_sequence" : "dtr_lstm_sequence"; }
+
+static dtr__rnn_seq dtr__rnn_seq_of(const dtr__node *nd) {
+    dtr__rnn_seq s;
+    s.gru = nd->op == DTR_OP_GRU;
+    s.T = nd->out->shape[0], s.B = nd->out->shape[1], s.H = nd->in[1]->shape[1], s.G = (s.gru ? 3 : 4) * s.H, s.Y = nd->out->shape[2];
     s.gx = dtr__f32(nd->in[0]), s.w = dtr__f32(nd->in[1]);
     s.b = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     s.h0 = nd->in[3] ? dtr__f32(nd->in[3]) : NULL;
-    s.c0 = nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.c0 = nd->n_in > 4 && nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
     s.y = dtr__f32(nd->out);
     return s;
 }
 
-/* One pass of the sequence op over rows [b, e) of the batch (the rows are independent
-   sequences): its tensors, W_hh packed (transposed for the forward), the saved gates
-   (activations, every step's when `all`, else one step's) and tanh(c') (NULL untaped), and
+/* One pass of a recurrence op over rows [b, e) of the batch (the rows are independent
+   sequences): its tensors, W_hh packed (transposed for the forward), the saved gates (every
+   step's when `all`, else one step's: rows of S floats), the LSTM's tanh(c') (NULL untaped), and
    backward's buffers. With threads, each worker walks every step of its own rows (its products
    on its own packing memory: no synchronisation a step); a batch too small to split walks the
    steps with each product and cell pass over the whole pool (worker -1). */
-typedef struct dtr__lstm_walk {
-    dtr__lstm_seq s;
+typedef struct dtr__rnn_walk {
+    dtr__rnn_seq s;
     dtr_context *ctx;
     dtr__gemm_bpack w;
-    float *A, *ts, *dA, *P[2], *gh0, *gc0;   /* backward: gates' gradients (T, B, 4H); [gh | gc] a step (ping-pong) */
+    int64_t S;                 /* saved floats a row a step: 4H (the LSTM's tanh(c') apart) */
+    float *A, *ts;
+    float *dA, *dX, *P[2];     /* backward: the gates' gradients against W_hh (T, B, G H) and, for
+                                  the GRU, gx's; y's gradient plus the carried one, a step (ping-pong) */
+    float *gh0, *gc0;
     const float *gy;
     int all, bwd;
-} dtr__lstm_walk;
+} dtr__rnn_walk;
 
 /* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
-static void dtr__lstm_cells(const dtr__lstm_walk *k, dtr__lstm_job *j, int64_t b, int64_t e, int w) {
-    if (w < 0) dtr__lstm_run(k->ctx, j, e, k->bwd);
-    else if (k->bwd) (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)(j, b, e, w);
-    else (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range)(j, b, e, w);
+static void dtr__rnn_cells(const dtr__rnn_walk *k, void *job, int64_t b, int64_t e, int w) {
+    int avx = dtr__simd_avx2();
+    dtr__task_fn fn = k->s.gru ? (k->bwd ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range) : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range))
+                               : (k->bwd ? (avx ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range) : (avx ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range));
+    if (w < 0) dtr__pool_run(k->ctx->pool, e, 8, fn, job);
+    else fn(job, b, e, w);
 }
 
 /* step t over rows [b, e): a = h_{t-1} W_hh^T (h_{t-1}: y's step t - 1, or h0, or none), then
    the cells with gx and b_hh */
-static void dtr__lstm_fwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
-    const dtr__lstm_seq *s = &k->s;
-    int64_t H = s->H, G = s->G, B = s->B, ldh = t ? 2 * H : H;
-    const float *h = t ? s->y + (t - 1) * B * 2 * H : s->h0;
-    dtr__lstm_job j;
-    memset(&j, 0, sizeof j);
-    j.H = H, j.bias = s->b, j.hh = h != NULL;
-    j.a = k->A + (k->all ? t : 0) * B * G, j.ts = k->ts ? k->ts + t * B * H : NULL;
-    j.gx = s->gx + t * B * G, j.y = s->y + t * B * 2 * H;
-    j.c = t ? j.y - B * 2 * H + H : s->c0, j.ldc = ldh;
-    if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, j.a + b * G, G);
-    dtr__lstm_cells(k, &j, b, e, w);
+static void dtr__rnn_fwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__rnn_seq *s = &k->s;
+    int64_t H = s->H, B = s->B, ldh = t ? s->Y : H;
+    const float *h = t ? s->y + (t - 1) * B * s->Y : s->h0;
+    float *a = k->A + (k->all ? t : 0) * B * k->S, *y = s->y + t * B * s->Y;
+    dtr__lstm_job lj;
+    dtr__gru_job gj;
+    if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, a + b * k->S, k->S);
+    memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
+    gj.a = lj.a = a, gj.y = lj.y = y, gj.gx = lj.gx = s->gx + t * B * s->G, gj.bias = lj.bias = s->b, gj.hh = lj.hh = h != NULL;
+    gj.H = lj.H = H, gj.h = h, gj.ldh = ldh;
+    lj.ts = k->ts ? k->ts + t * B * H : NULL, lj.c = t ? y - B * s->Y + H : s->c0, lj.ldc = ldh;
+    dtr__rnn_cells(k, s->gru ? (void *)&gj : (void *)&lj, b, e, w);
 }
 
-/* Backward step t over rows [b, e): g = [gh | gc] (y's gradient plus what step t + 1 sent back)
-   gives dA_t; step t - 1's g (or h0's and c0's gradients) gets dA_t W_hh and the cell's dc. */
-static void dtr__lstm_bwd_step(const dtr__lstm_walk *k, int64_t t, int64_t b, int64_t e, int w) {
-    const dtr__lstm_seq *s = &k->s;
-    int64_t H = s->H, G = s->G, B = s->B, ld = t ? 2 * H : H;
-    float *cur = k->P[t & 1], *prev = t ? k->P[(t - 1) & 1] : NULL;
-    size_t rows = (size_t)((e - b) * 2 * H) * sizeof(float);
-    dtr__lstm_job j;
-    if (t == s->T - 1) memcpy(cur + b * 2 * H, k->gy + (t * B + b) * 2 * H, rows);
-    if (prev) memcpy(prev + b * 2 * H, k->gy + ((t - 1) * B + b) * 2 * H, rows);
-    memset(&j, 0, sizeof j);
-    j.H = H, j.a = k->A + t * B * G, j.ts = k->ts + t * B * H, j.g = cur, j.ga = k->dA + t * B * G;
-    j.c = t ? s->y + (t - 1) * B * 2 * H + H : s->c0, j.ldc = ld;
-    j.gc = t ? prev + H : k->gc0, j.ldgc = ld;
-    dtr__lstm_cells(k, &j, b, e, w);
-    if (t || k->gh0) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, j.ga + b * G, G, 1, &k->w, 1.0f, (t ? prev : k->gh0) + b * ld, ld);
+/* Backward step t over rows [b, e): g (y's gradient plus what step t + 1 sent back) gives the
+   gates' gradients; step t - 1's g (or h0's and c0's gradients) gets dA_t W_hh and the
+   cell's direct share (the LSTM's dc, the GRU's z dh'). */
+static void dtr__rnn_bwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int64_t e, int w) {
+    const dtr__rnn_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, Y = s->Y, ld = t ? Y : H;
+    float *cur = k->P[t & 1], *prev = t ? k->P[(t - 1) & 1] : NULL, *to = t ? prev : k->gh0;
+    size_t rows = (size_t)((e - b) * Y) * sizeof(float);
+    dtr__lstm_job lj;
+    dtr__gru_job gj;
+    if (t == s->T - 1) memcpy(cur + b * Y, k->gy + (t * B + b) * Y, rows);
+    if (prev) memcpy(prev + b * Y, k->gy + ((t - 1) * B + b) * Y, rows);
+    memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
+    gj.a = lj.a = k->A + t * B * k->S, gj.g = lj.g = cur, gj.H = lj.H = H;
+    gj.h = t ? s->y + (t - 1) * B * Y : s->h0, gj.ldh = ld, gj.dgx = k->dX + t * B * G, gj.dgh = k->dA + t * B * G, gj.gh = to;
+    lj.ts = k->ts + t * B * H, lj.ga = k->dA + t * B * G;
+    lj.c = t ? s->y + (t - 1) * B * Y + H : s->c0, lj.ldc = ld, lj.gc = t ? prev + H : k->gc0, lj.ldgc = ld;
+    dtr__rnn_cells(k, s->gru ? (void *)&gj : (void *)&lj, b, e, w);
+    if (to) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, k->dA + (t * B + b) * G, G, 1, &k->w, 1.0f, to + b * ld, ld);
 }
 
 /* every step of rows [b, e), in order (forward) or in reverse */
-static void dtr__lstm_rows(void *arg, int64_t b, int64_t e, int w) {
-    const dtr__lstm_walk *k = (const dtr__lstm_walk *)arg;
+static void dtr__rnn_rows(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__rnn_walk *k = (const dtr__rnn_walk *)arg;
     int64_t t;
     for (t = 0; t < k->s.T; t++) {
-        if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, b, e, w);
-        else dtr__lstm_fwd_step(k, t, b, e, w);
+        if (k->bwd) dtr__rnn_bwd_step(k, k->s.T - 1 - t, b, e, w);
+        else dtr__rnn_fwd_step(k, t, b, e, w);
     }
 }
 
 /* W_hh packed (arena memory, given back after; unpacked when the arena has no room: the same
    bits), then the walk: rows split over the workers when each gets 8, else step by step */
-static void dtr__lstm_walk_run(dtr__lstm_walk *k) {
+static void dtr__rnn_walk_run(dtr__rnn_walk *k) {
     int64_t K = k->bwd ? k->s.G : k->s.H, N = k->bwd ? k->s.H : k->s.G, t;
     size_t bytes = dtr__gemm_bpack_floats(K, N) * sizeof(float);
     int threads = dtr__pool_threads(k->ctx->pool);
-    float *mem = (float *)dtr__arena_data(k->ctx, bytes, "dtr_lstm_sequence");
+    float *mem = (float *)dtr__arena_data(k->ctx, bytes, dtr__rnn_name(&k->s));
     if (!mem) dtr_context_clear_error(k->ctx);
     dtr__gemm_bpack_fill(&k->w, k->s.w, k->bwd ? k->s.H : 1, k->bwd ? 1 : k->s.H, K, N, mem);
-    if (threads <= 1 || k->s.B >= 8 * threads) dtr__pool_run(k->ctx->pool, k->s.B, 8, dtr__lstm_rows, k);
+    if (threads <= 1 || k->s.B >= 8 * threads) dtr__pool_run(k->ctx->pool, k->s.B, 8, dtr__rnn_rows, k);
     else
         for (t = 0; t < k->s.T; t++) {
-            if (k->bwd) dtr__lstm_bwd_step(k, k->s.T - 1 - t, 0, k->s.B, -1);
-            else dtr__lstm_fwd_step(k, t, 0, k->s.B, -1);
+            if (k->bwd) dtr__rnn_bwd_step(k, k->s.T - 1 - t, 0, k->s.B, -1);
+            else dtr__rnn_fwd_step(k, t, 0, k->s.B, -1);
         }
     if (mem) dtr__arena_give_back(k->ctx, mem, bytes);
 }
 
-dtr_result dtr__cpu_lstm_seq_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_walk k;
-    size_t step, bytes;
+/* the walk of node nd: its tensors and the saved gates' layout */
+static dtr__rnn_walk dtr__rnn_walk_of(dtr_context *ctx, const dtr__node *nd, int bwd) {
+    dtr__rnn_walk k;
     memset(&k, 0, sizeof k);
-    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = nd->taped;
-    step = (size_t)(k.s.B * k.s.G) * sizeof(float), bytes = k.all ? (size_t)k.s.T * step * 5 / 4 : step;
-    k.A = (float *)(k.all ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"));
+    k.s = dtr__rnn_seq_of(nd), k.ctx = ctx, k.bwd = bwd, k.all = bwd || nd->taped, k.S = 4 * k.s.H;
+    return k;
+}
+
+dtr_result dtr__cpu_rnn_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__rnn_walk k = dtr__rnn_walk_of(ctx, nd, 0);
+    size_t step = (size_t)(k.s.B * k.S) * sizeof(float), bytes = (k.all ? (size_t)k.s.T : 1) * step * (k.s.gru ? 4 : 5) / 4;
+    k.A = (float *)(k.all ? dtr__node_save(ctx, nd, bytes) : dtr__arena_data(ctx, bytes, dtr__rnn_name(&k.s)));
     if (!k.A) return ctx->status;
-    if (k.all) nd->saved = k.A, k.ts = k.A + k.s.T * k.s.B * k.s.G;
-    dtr__lstm_walk_run(&k);
+    if (k.all) nd->saved = k.A;
+    if (k.all && !k.s.gru) k.ts = k.A + k.s.T * k.s.B * k.S;
+    dtr__rnn_walk_run(&k);
     if (!k.all) dtr__arena_give_back(ctx, k.A, bytes);
     return DTR_OK;
 }
 
-/* the gradients of w_hh (every step's gates' gradient dA (T, B, 4H) against the h before it)
-   and b_hh (dA's column sums) */
-static void dtr__lstm_seq_weights(dtr_context *ctx, const dtr__lstm_seq *s, const float *dA, float *gw, float *gb) {
-    int64_t H = s->H, G = s->G, B = s->B;
-    if (gw && s->T > 1) dtr__gemm(ctx->pool, G, H, (s->T - 1) * B, 1.0f, dA + B * G, 1, G, s->y, 2 * H, 1, 1.0f, gw, H);
-    if (gw && s->h0) dtr__gemm(ctx->pool, G, H, B, 1.0f, dA, 1, G, s->h0, H, 1, 1.0f, gw, H);
-    if (gb) dtr__rows_sum_into(dA, s->T * B, G, gb);
+/* the gradients of w_hh (every step's dA (T, B, G H) against the h before it), b_hh (dA's
+   column sums) and gx (dA, or the GRU's dX) */
+static void dtr__rnn_seq_sums(dtr_context *ctx, const dtr__rnn_walk *k, const dtr__node *nd) {
+    const dtr__rnn_seq *s = &k->s;
+    int64_t H = s->H, G = s->G, B = s->B, n = s->T * B * G;
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
+    const float *dx = s->gru ? k->dX : k->dA;
+    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += dx[i]);
+    if (gw && s->T > 1) dtr__gemm(ctx->pool, G, H, (s->T - 1) * B, 1.0f, k->dA + B * G, 1, G, s->y, s->Y, 1, 1.0f, gw, H);
+    if (gw && s->h0) dtr__gemm(ctx->pool, G, H, B, 1.0f, k->dA, 1, G, s->h0, H, 1, 1.0f, gw, H);
+    if (gb) dtr__rows_sum_into(k->dA, s->T * B, G, gb);
 }
 
-dtr_result dtr__cpu_lstm_seq_bwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__lstm_walk k;
-    int64_t n;
-    size_t bytes;
-    float *gx = dtr__gradof(nd->in[0]);
-    memset(&k, 0, sizeof k);
-    k.s = dtr__lstm_seq_of(nd), k.ctx = ctx, k.all = k.bwd = 1, n = k.s.T * k.s.B * k.s.G;
-    k.A = (float *)nd->saved, k.ts = k.A + n, k.gy = nd->out->grad;
-    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = dtr__gradof(nd->in[4]);
-    bytes = (size_t)(n + 4 * k.s.B * k.s.H) * sizeof(float);
-    if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, "dtr_lstm_sequence"))) return ctx->status;
-    k.P[0] = k.dA + n, k.P[1] = k.P[0] + 2 * k.s.B * k.s.H;
-    dtr__lstm_walk_run(&k);
-    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += k.dA[i]);
-    dtr__lstm_seq_weights(ctx, &k.s, k.dA, dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]));
+dtr_result dtr__cpu_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__rnn_walk k = dtr__rnn_walk_of(ctx, nd, 1);
+    int64_t n = k.s.T * k.s.B * k.s.G;
+    size_t bytes = (size_t)((k.s.gru ? 2 : 1) * n + 2 * k.s.B * k.s.Y) * sizeof(float);
+    k.A = (float *)nd->saved, k.ts = k.s.gru ? NULL : k.A + k.s.T * k.s.B * k.S, k.gy = nd->out->grad;
+    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = nd->n_in > 4 ? dtr__gradof(nd->in[4]) : NULL;
+    if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, dtr__rnn_name(&k.s)))) return ctx->status;
+    k.dX = k.s.gru ? k.dA + n : NULL, k.P[0] = k.dA + (k.s.gru ? 2 : 1) * n, k.P[1] = k.P[0] + k.s.B * k.s.Y;
+    dtr__rnn_walk_run(&k);
+    dtr__rnn_seq_sums(ctx, &k, nd);
     dtr__arena_give_back(ctx, k.dA, bytes);
     return DTR_OK;
 }

@@ -623,6 +623,16 @@ DTR_API dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tenso
  *          (B, H)). Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0,
                                       dtr_tensor *c0, dtr_tensor **c_out);
+/** A whole GRU recurrence as one op, as dtr_lstm_sequence: gx (T, B, 3H), time-major (x_t
+ *  W_ih^T + b_ih), w_hh (3H, H), b_hh (3H) or NULL, h0 (B, H) or NULL (zeros). Step t, with
+ *  gh = h_{t-1} W_hh^T + b_hh: r = sigmoid(gx_r + gh_r), z = sigmoid(gx_z + gh_z), n = tanh(gx_n
+ *  + r gh_n), h_t = n + z (h_{t-1} - n) (PyTorch's nn.GRU). Returns every step's h (T, B, H).
+ *  The values of the steps made of ops (dtr_linear, dtr_add, dtr_sigmoid, dtr_mul, dtr_tanh,
+ *  dtr_sub) bit for bit on the CPU; gradients reach gx, w_hh, b_hh and h0.
+ *  dtr_gru_layer_forward runs on it. @return NULL with the context's error: DTR_SHAPE_MISMATCH
+ *  (w_hh not (3H, H), gx not (T, B, 3H) with T, B > 0, b_hh not (3H), h0 not (B, H)).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
