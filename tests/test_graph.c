@@ -2,7 +2,8 @@
  * simulated device, where a launch calls the step function again and checks it against the
  * capture; tests/gpu/test_graph_gpu.c compiles this file for the GPU (GRAPH_CUDA), where a
  * launch replays a CUDA graph. Cases:
- *   - an MLP and a small GPT (embeddings, a GPT block with attention, layer norm) trained for
+ *   - an MLP, a small GPT (embeddings, a GPT block with attention, layer norm) and the GPT's
+ *     inputs through an LSTM and a GRU, trained for
  *     5 steps by capture + launches equal an eager twin step for step (losses and weights: bit
  *     for bit here, within 1e-5 on the GPU); the batch of each step written into input tensors
  *     made before the capture, or copied in from tensors (dtr_tensor_copy) as a loader hands
@@ -56,6 +57,8 @@ typedef struct tnet {
     dtr_embedding_layer wte, wpe;
     dtr_gpt_block blk;
     dtr_layernorm_layer ln;
+    dtr_lstm_layer lstm;             /* gpt 2: the GPT's inputs through an LSTM and a GRU */
+    dtr_gru_layer gru;
     dtr_tensor *x, *ids, *pos, *y;   /* the inputs, made before the capture */
     dtr_tensor *loss;                /* the step's, set by the step function */
 } tnet;
@@ -86,7 +89,9 @@ static int net_init(tnet *n, int bi, int gpt) {
     if (r == DTR_OK && !gpt) r = dtr_linear_layer_init(&n->l2, n->m, "l2", HID, CLS, 1, DTR_INIT_KAIMING_UNIFORM);
     if (r == DTR_OK && gpt) r = dtr_embedding_layer_init(&n->wte, n->m, "wte", VOCAB, C);
     if (r == DTR_OK && gpt) r = dtr_embedding_layer_init(&n->wpe, n->m, "wpe", T, C);
-    if (r == DTR_OK && gpt) r = dtr_gpt_block_init(&n->blk, n->m, "h0", C, 2);
+    if (r == DTR_OK && gpt == 1) r = dtr_gpt_block_init(&n->blk, n->m, "h0", C, 2);
+    if (r == DTR_OK && gpt == 2) r = dtr_lstm_layer_init(&n->lstm, n->m, "lstm", C, C);
+    if (r == DTR_OK && gpt == 2) r = dtr_gru_layer_init(&n->gru, n->m, "gru", C, C);
     if (r == DTR_OK && gpt) r = dtr_layernorm_layer_init(&n->ln, n->m, "ln", C);
     if (r == DTR_OK && gpt) r = dtr_linear_layer_init(&n->head, n->m, "head", C, VOCAB, 0, DTR_INIT_KAIMING_UNIFORM);
     if (r == DTR_OK) r = dtr_model_build(n->m);
@@ -130,7 +135,13 @@ static dtr_tensor *net_loss(dtr_context *ctx, const tnet *n, dtr_tensor *x, dtr_
     } else {
         int64_t ls[2] = {B * T, VOCAB};
         dtr_tensor *h = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &n->wte, ids), dtr_embedding_layer_forward(ctx, &n->wpe, pos));
-        h = dtr_gpt_block_forward(ctx, &n->blk, h);
+        if (n->gpt == 1) {
+            h = dtr_gpt_block_forward(ctx, &n->blk, h);
+        } else {
+            dtr_tensor *hl = NULL;
+            h = dtr_lstm_layer_forward(ctx, &n->lstm, h, NULL, NULL, &hl, NULL);
+            h = dtr_gru_layer_forward(ctx, &n->gru, h, hl, NULL);
+        }
         h = dtr_linear_layer_forward(ctx, &n->head, dtr_layernorm_layer_forward(ctx, &n->ln, h));
         return dtr_cross_entropy(ctx, dtr_reshape(ctx, h, 2, ls), y);
     }
@@ -229,14 +240,14 @@ static void graph_vs_eager(int bi, int gpt, int feed) {
         CHECK_OK(g.ctx, dtr_optimizer_step(g.opt, NULL));
         if (feed) CHECK_OK(g.ctx, dtr_context_reset(g.ctx));
         CHECK_MSG(fabs((double)le - lg) <= MODEL_TOL * (1.0 + fabs(le)), "%s %s step %d: loss %.9g eager, %.9g graph",
-                  backend_name(bi), gpt ? "gpt" : "mlp", t, le, lg);
+                  backend_name(bi), gpt == 2 ? "rnn" : gpt ? "gpt" : "mlp", t, le, lg);
     }
     CHECK_EQ_INT(dtr_graph_native(gr), NATIVE);
     read_params(&e, &pe, &ne);
     read_params(&g, &pg, &ng);
     CHECK_EQ_INT(ne, ng);
     for (i = 0; i < ne && i < ng; i++) worst = fmax(worst, fabs((double)pe[i] - pg[i]));
-    CHECK_MSG(worst <= MODEL_TOL, "%s %s: weights differ by %g", backend_name(bi), gpt ? "gpt" : "mlp", worst);
+    CHECK_MSG(worst <= MODEL_TOL, "%s %s: weights differ by %g", backend_name(bi), gpt == 2 ? "rnn" : gpt ? "gpt" : "mlp", worst);
     free(pe);
     free(pg);
     dtr_graph_destroy(gr);
@@ -363,6 +374,13 @@ static void test_graph_mlp_fed_by_tensor_copies(void) {
 static void test_graph_gpt_equals_eager(void) {
     int bi;
     for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 1, 0);
+}
+
+/* the GPT's inputs through an LSTM and a GRU (the recurrence ops: per-step products and kernels
+   with their scratch and saved gates) instead of its block */
+static void test_graph_rnn_equals_eager(void) {
+    int bi;
+    for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 2, 0);
 }
 
 /* bf16 activations: the widened kernels' conversions and scratch are captured with the step */
@@ -668,6 +686,7 @@ int main(void) {
     RUN(test_graph_mlp_equals_eager);
     RUN(test_graph_mlp_fed_by_tensor_copies);
     RUN(test_graph_gpt_equals_eager);
+    RUN(test_graph_rnn_equals_eager);
     RUN(test_graph_gpt_bf16_equals_eager);
     RUN(test_graph_arena_peak_equals_eager);
     RUN(test_graph_host_values_are_the_captures);
