@@ -1230,6 +1230,24 @@ DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_bl
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0,
                                            dtr_tensor *c0, dtr_tensor **h_out, dtr_tensor **c_out);
+/** Options of an LSTM or GRU layer over a batch of sequences (dtr_rnn_config_init(): none). */
+typedef struct dtr_rnn_config {
+    const int32_t *lengths;   /**< B host values: row b is a sequence of its first lengths[b] steps
+                                   (1..T), the rest padding; NULL: every row has T steps. Read
+                                   during the call. */
+} dtr_rnn_config;
+/** A dtr_rnn_config with no options (every row T steps). Thread safety: any thread. */
+DTR_API dtr_rnn_config dtr_rnn_config_init(void);
+/** dtr_lstm_layer_forward over a batch of sequences of different lengths (cfg->lengths; cfg
+ *  NULL: as dtr_lstm_layer_forward): PyTorch's nn.LSTM on a packed sequence. Row b's steps
+ *  from lengths[b] on are padding: its output there is 0 (pad_packed_sequence's padding), its
+ *  state stops at its last step, *h_out and *c_out are each row's state after its last step,
+ *  and the padding gets no gradient and gives none. The recurrence still runs over all B rows
+ *  a step (a padded row's state is carried along). @return NULL with the context's error: as
+ *  dtr_lstm_layer_forward's, and DTR_INVALID_ARGUMENT (a length outside 1..T).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_layer_forward_ex(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                              dtr_tensor *c0, const dtr_rnn_config *cfg, dtr_tensor **h_out, dtr_tensor **c_out);
 /** One LSTM step: x (B, I), h, c (B, H) (NULL: zeros) -> h' (B, H), and *c_out = c' (B, H):
  *  a control loop's cell, one observation at a time (PyTorch's nn.LSTMCell). Errors as
  *  dtr_lstm_layer_forward's. Thread safety: the context's thread. */
@@ -1239,6 +1257,10 @@ DTR_API dtr_tensor *dtr_lstm_layer_step(dtr_context *ctx, const dtr_lstm_layer *
  *  NULL) the last step's state. As dtr_lstm_layer_forward. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0,
                                           dtr_tensor **h_out);
+/** dtr_gru_layer_forward over sequences of different lengths, as dtr_lstm_layer_forward_ex.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_layer_forward_ex(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                             const dtr_rnn_config *cfg, dtr_tensor **h_out);
 /** One GRU step: x (B, I), h (B, H) (NULL: zeros) -> h' (B, H) (PyTorch's nn.GRUCell).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h);
@@ -4690,7 +4712,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4694 "dtrain.h"
+#line 4716 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5540,6 +5562,12 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
+/** The recurrence op `op` (DTR_OP_LSTM, DTR_OP_GRU; inputs gx, w_hh, b_hh, h0, c0 (the GRU's
+ *  NULL), lengths) -> y (T, B, 2H | H), errors naming fn. lengths: B host values in 1..T
+ *  (checked by the caller; a row past its length carries its state: y = the step before's),
+ *  or NULL (src/ops/ops_nn.c). */
+DTR__PRIVATE dtr_tensor *dtr__rnn_sequence(dtr_context *ctx, const char *fn, int op, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh,
+                                           dtr_tensor *h0, dtr_tensor *c0, const int32_t *lengths);
 /** out[j] += the sum over rows r of X[r n + j] (X (rows, n) dense): a bias's gradient. */
 DTR__PRIVATE void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
@@ -5588,7 +5616,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5592 "dtrain.h"
+#line 5620 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6068,7 +6096,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6072 "dtrain.h"
+#line 6100 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6130,7 +6158,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6134 "dtrain.h"
+#line 6162 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6509,7 +6537,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6513 "dtrain.h"
+#line 6541 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6552,7 +6580,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6556 "dtrain.h"
+#line 6584 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6586,7 +6614,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6590 "dtrain.h"
+#line 6618 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6645,7 +6673,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6649 "dtrain.h"
+#line 6677 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6719,7 +6747,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6723 "dtrain.h"
+#line 6751 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6787,7 +6815,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6791 "dtrain.h"
+#line 6819 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6862,7 +6890,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6866 "dtrain.h"
+#line 6894 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7214,7 +7242,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7218 "dtrain.h"
+#line 7246 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8070,7 +8098,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8074 "dtrain.h"
+#line 8102 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8745,7 +8773,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8749 "dtrain.h"
+#line 8777 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8836,7 +8864,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8840 "dtrain.h"
+#line 8868 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9318,7 +9346,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9322 "dtrain.h"
+#line 9350 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9573,7 +9601,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9577 "dtrain.h"
+#line 9605 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9806,7 +9834,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9810 "dtrain.h"
+#line 9838 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9925,7 +9953,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9929 "dtrain.h"
+#line 9957 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9981,7 +10009,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9985 "dtrain.h"
+#line 10013 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10378,7 +10406,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10382 "dtrain.h"
+#line 10410 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10643,7 +10671,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10647 "dtrain.h"
+#line 10675 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11207,7 +11235,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11211 "dtrain.h"
+#line 11239 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11389,7 +11417,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11393 "dtrain.h"
+#line 11421 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12241,11 +12269,26 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
    2H), a being pre-activations (ts NULL) or activations with ts: the gates' gradients added
    into ga (rows, 4H) (written, with ts), the previous cell's into gc (row stride ldgc). */
 typedef struct dtr__lstm_job {
-    float *a, *y, *ga, *gc, *ts;
-    const float *gx, *bias, *c, *g;
-    int64_t H, ldc, ldgc;
+    float *a, *y, *ga, *gc, *ts, *carry;
+    const float *gx, *bias, *c, *g, *yprev;
+    const int32_t *len;       /* the recurrence's row lengths (rows past theirs carry), or NULL */
+    int64_t H, ldc, ldgc, t;
     int hh;
 } dtr__lstm_job;
+
+/* 1 when row r of a recurrence's step t is past its sequence's end: its state is carried (y =
+   the step before's y), and backward passes its whole gradient g on to the step before */
+static int dtr__rnn_padded(const int32_t *len, int64_t t, int64_t r) { return len && t >= len[r]; }
+
+/* a padded row: forward copies the step before's y row (n floats); backward zeroes its gates'
+   gradients (ga, and gb if any, m floats each) and adds g's row into carry's */
+static void dtr__rnn_pad_row(float *y, const float *yprev, int64_t n, float *ga, float *gb, int64_t m, const float *g, float *carry) {
+    int64_t i;
+    if (y) memcpy(y, yprev, (size_t)n * sizeof(float));
+    if (ga) memset(ga, 0, (size_t)m * sizeof(float));
+    if (gb) memset(gb, 0, (size_t)m * sizeof(float));
+    for (i = 0; carry && i < n; i++) carry[i] += g[i];
+}
 
 /* the gates' pre-activations of a row: gx + (h W^T + bias), each part optional but gx */
 DTR__SIMD_BODY void dtr__lstm_gates_in(float *a, const float *gx, const float *bias, int hh, int64_t n) {
@@ -12262,6 +12305,10 @@ DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     for (r = b; r < e; r++) {
         float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *h = j->y + r * 2 * H, *c2 = h + H, *t = j->ts;
         const float *cr = j->c ? j->c + r * j->ldc : NULL, *gr = j->gx ? j->gx + r * 4 * H : NULL;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(h, j->yprev + r * 2 * H, 2 * H, NULL, NULL, 0, NULL, NULL);
+            continue;
+        }
         if (gr) dtr__lstm_gates_in(ai, gr, j->bias, j->hh, 4 * H);
         if (t) {
             t += r * H;
@@ -12285,6 +12332,10 @@ DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         const float *c = j->c ? j->c + r * j->ldc : NULL, *t = j->ts ? j->ts + r * H : NULL;
         float di[64], df[64], dg[64], dout[64], dcp[64], *q = j->ga ? j->ga + r * 4 * H : NULL, *gc = j->gc ? j->gc + r * j->ldgc : NULL;
         int64_t k0, k, n;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(NULL, NULL, 2 * H, q, NULL, 4 * H, gh, j->carry + r * 2 * H);
+            continue;
+        }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
             n = H - k0 < 64 ? H - k0 : 64;
             if (t)
@@ -12364,43 +12415,42 @@ static int dtr__rnn_seq_shapes_ok(dtr_context *ctx, const char *fn, int G, const
     return 1;
 }
 
-/* the node of a recurrence op (DTR_OP_LSTM with n_in 5, DTR_OP_GRU with 4) and its output
-   (T, B, Y), checked, recorded */
-static dtr_tensor *dtr__rnn_seq_node(dtr_context *ctx, const char *fn, int op, int n_in, dtr_tensor **in) {
+dtr_tensor *dtr__rnn_sequence(dtr_context *ctx, const char *fn, int op, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0,
+                              dtr_tensor *c0, const int32_t *lengths) {
     static const char *const names[5] = {"gx", "w_hh", "b_hh", "h0", "c0"};
     int i, G = op == DTR_OP_LSTM ? 4 : 3;
     int64_t shape[3];
+    dtr_tensor *in[6];
     dtr__node *n;
-    for (i = 0; i < n_in; i++)
+    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0, in[5] = NULL;
+    for (i = 0; i < 5; i++)
         if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], names[i])) return NULL;
-    if (!dtr__rnn_seq_shapes_ok(ctx, fn, G, in[0], in[1], in[2], in[3], n_in > 4 ? in[4] : NULL)) return NULL;
-    for (i = 0; i < n_in; i++)
+    if (!dtr__rnn_seq_shapes_ok(ctx, fn, G, gx, w_hh, b_hh, h0, c0)) return NULL;
+    for (i = 0; i < 5; i++)
         if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
-    if (!(n = dtr__node_new(ctx, op, n_in, in))) return NULL;
-    shape[0] = in[0]->shape[0], shape[1] = in[0]->shape[1], shape[2] = (G == 4 ? 2 : 1) * in[1]->shape[1];
+    if (lengths && !(in[5] = dtr_tensor_from(ctx, DTR_I32, 1, &gx->shape[1], lengths))) return NULL;
+    if (!(n = dtr__node_new(ctx, op, 6, in))) return NULL;
+    shape[0] = gx->shape[0], shape[1] = gx->shape[1], shape[2] = (G == 4 ? 2 : 1) * w_hh->shape[1];
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
     return n->out ? dtr__record(ctx, n, fn) : NULL;
 }
 
 dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0, dtr_tensor *c0,
                               dtr_tensor **c_out) {
-    dtr_tensor *in[5], *out;
+    dtr_tensor *out;
     int64_t H;
     if (!ctx) return NULL;
     if (c_out) *c_out = NULL;
     if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_sequence: c_out is NULL");
-    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0;
-    if (!(out = dtr__rnn_seq_node(ctx, "dtr_lstm_sequence", DTR_OP_LSTM, 5, in))) return NULL;
+    if (!(out = dtr__rnn_sequence(ctx, "dtr_lstm_sequence", DTR_OP_LSTM, gx, w_hh, b_hh, h0, c0, NULL))) return NULL;
     H = w_hh->shape[1];
     *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
 dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0) {
-    dtr_tensor *in[4];
     if (!ctx) return NULL;
-    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0;
-    return dtr__rnn_seq_node(ctx, "dtr_gru_sequence", DTR_OP_GRU, 4, in);
+    return dtr__rnn_sequence(ctx, "dtr_gru_sequence", DTR_OP_GRU, gx, w_hh, b_hh, h0, NULL, NULL);
 }
 
 /* One GRU cell pass over rows [b, e). Forward: a (rows, 4H): in, h W_hh^T in its first 3H
@@ -12411,7 +12461,8 @@ dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh,
 typedef struct dtr__gru_job {
     float *a, *y, *dgx, *dgh, *gh;
     const float *gx, *bias, *h, *g;
-    int64_t H, ldh;
+    const int32_t *len;       /* as the LSTM's job: padded rows carry (the step before's y is h) */
+    int64_t H, ldh, t;
     int hh;
 } dtr__gru_job;
 
@@ -12422,6 +12473,10 @@ DTR__SIMD_BODY void dtr__gru_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     for (r = b; r < e; r++) {
         float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *y = j->y + r * H;
         const float *xr = j->gx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hp = j->h ? j->h + r * j->ldh : NULL, *bs = j->bias;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(y, hp, H, NULL, NULL, 0, NULL, NULL);
+            continue;
+        }
         if (j->hh && bs) DTR__ELEMENTWISE(0, 3 * H, ar[i] = ar[i] + bs[i]);   /* h W^T + b, as dtr_linear */
         else if (!j->hh && bs) memcpy(ar, bs, (size_t)(3 * H) * sizeof(float));
         else if (!j->hh) memset(ar, 0, (size_t)(3 * H) * sizeof(float));
@@ -12441,6 +12496,10 @@ DTR__SIMD_BODY void dtr__gru_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         float *xr = j->dgx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hr = j->dgh + r * 3 * H, *hz = hr + H, *dhn = hz + H;
         float dh[64], *gh = j->gh ? j->gh + r * j->ldh : NULL;
         int64_t k0, k, n;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(NULL, NULL, H, xr, hr, 3 * H, g, gh);
+            continue;
+        }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time: h's share through a local array */
             n = H - k0 < 64 ? H - k0 : 64;
             DTR__ELEMENTWISE(k0, k0 + n, dtr__f_gru_cell_grad(ar[i], az[i], an[i], hn[i], hp ? hp[i] : 0.0f, g[i], &xr[i], &xz[i], &xn[i],
@@ -12460,6 +12519,7 @@ DTR__TARGET_AVX2 static void dtr__gru_bwd_avx2(void *arg, int64_t b, int64_t e, 
 typedef struct dtr__rnn_seq {
     int64_t T, B, H, G, Y;
     const float *gx, *w, *b, *h0, *c0;
+    const int32_t *len;   /* row lengths (in[5]), or NULL */
     float *y;
     int gru;
 } dtr__rnn_seq;
@@ -12473,7 +12533,8 @@ static dtr__rnn_seq dtr__rnn_seq_of(const dtr__node *nd) {
     s.gx = dtr__f32(nd->in[0]), s.w = dtr__f32(nd->in[1]);
     s.b = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     s.h0 = nd->in[3] ? dtr__f32(nd->in[3]) : NULL;
-    s.c0 = nd->n_in > 4 && nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.c0 = nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.len = nd->in[5] ? dtr__i32(nd->in[5]) : NULL;
     s.y = dtr__f32(nd->out);
     return s;
 }
@@ -12518,8 +12579,8 @@ static void dtr__rnn_fwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int6
     if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, a + b * k->S, k->S);
     memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
     gj.a = lj.a = a, gj.y = lj.y = y, gj.gx = lj.gx = s->gx + t * B * s->G, gj.bias = lj.bias = s->b, gj.hh = lj.hh = h != NULL;
-    gj.H = lj.H = H, gj.h = h, gj.ldh = ldh;
-    lj.ts = k->ts ? k->ts + t * B * H : NULL, lj.c = t ? y - B * s->Y + H : s->c0, lj.ldc = ldh;
+    gj.H = lj.H = H, gj.h = h, gj.ldh = ldh, gj.len = lj.len = s->len, gj.t = lj.t = t;
+    lj.ts = k->ts ? k->ts + t * B * H : NULL, lj.c = t ? y - B * s->Y + H : s->c0, lj.ldc = ldh, lj.yprev = y - B * s->Y;
     dtr__rnn_cells(k, s->gru ? (void *)&gj : (void *)&lj, b, e, w);
 }
 
@@ -12536,7 +12597,7 @@ static void dtr__rnn_bwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int6
     if (t == s->T - 1) memcpy(cur + b * Y, k->gy + (t * B + b) * Y, rows);
     if (prev) memcpy(prev + b * Y, k->gy + ((t - 1) * B + b) * Y, rows);
     memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
-    gj.a = lj.a = k->A + t * B * k->S, gj.g = lj.g = cur, gj.H = lj.H = H;
+    gj.a = lj.a = k->A + t * B * k->S, gj.g = lj.g = cur, gj.H = lj.H = H, gj.len = lj.len = s->len, gj.t = lj.t = t, lj.carry = prev;
     gj.h = t ? s->y + (t - 1) * B * Y : s->h0, gj.ldh = ld, gj.dgx = k->dX + t * B * G, gj.dgh = k->dA + t * B * G, gj.gh = to;
     lj.ts = k->ts + t * B * H, lj.ga = k->dA + t * B * G;
     lj.c = t ? s->y + (t - 1) * B * Y + H : s->c0, lj.ldc = ld, lj.gc = t ? prev + H : k->gc0, lj.ldgc = ld;
@@ -12610,7 +12671,7 @@ dtr_result dtr__cpu_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = k.s.T * k.s.B * k.s.G;
     size_t bytes = (size_t)((k.s.gru ? 2 : 1) * n + 2 * k.s.B * k.s.Y) * sizeof(float);
     k.A = (float *)nd->saved, k.ts = k.s.gru ? NULL : k.A + k.s.T * k.s.B * k.S, k.gy = nd->out->grad;
-    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = nd->n_in > 4 ? dtr__gradof(nd->in[4]) : NULL;
+    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = dtr__gradof(nd->in[4]);
     if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, dtr__rnn_name(&k.s)))) return ctx->status;
     k.dX = k.s.gru ? k.dA + n : NULL, k.P[0] = k.dA + (k.s.gru ? 2 : 1) * n, k.P[1] = k.P[0] + k.s.B * k.s.Y;
     dtr__rnn_walk_run(&k);
@@ -12986,7 +13047,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12990 "dtrain.h"
+#line 13051 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13893,7 +13954,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13897 "dtrain.h"
+#line 13958 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14155,7 +14216,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14159 "dtrain.h"
+#line 14220 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14525,7 +14586,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14529 "dtrain.h"
+#line 14590 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14659,7 +14720,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14663 "dtrain.h"
+#line 14724 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15436,7 +15497,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15440 "dtrain.h"
+#line 15501 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15828,7 +15889,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15832 "dtrain.h"
+#line 15893 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16104,7 +16165,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16108 "dtrain.h"
+#line 16169 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16242,50 +16303,93 @@ static dtr_tensor *dtr__rnn_at(dtr_context *ctx, dtr_tensor *s, int64_t t) {
     return dtr_reshape(ctx, dtr_slice(ctx, s, 0, t, t + 1), 2, shape);
 }
 
-/* The LSTM over x (B, T, I) as one op on the time-major sequence: x's gates in one GEMM over all
-   steps, then dtr_lstm_sequence; h (B, T, H) back in x's layout. */
-static dtr_tensor *dtr__lstm_layer_run(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
-                                       dtr_tensor **h_out, dtr_tensor **c_out) {
-    int64_t T = x->shape[1];
-    dtr_tensor *cs, *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
-    dtr_tensor *hs = gx ? dtr_lstm_sequence(ctx, gx, l->weight_hh, l->bias_hh, h, c, &cs) : NULL, *y;
-    if (!hs) return NULL;
+/* 1 when the B lengths are in 1..T, else 0 with the context's error (naming fn) */
+static int dtr__rnn_lengths_ok(dtr_context *ctx, const char *fn, const int32_t *len, int64_t B, int64_t T) {
+    int64_t b;
+    for (b = 0; b < B; b++)
+        if (len[b] < 1 || len[b] > T)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: lengths[%lld] = %d is not in 1..%lld (the sequence's steps)", fn, (long long)b,
+                             (int)len[b], (long long)T), 0;
+    return 1;
+}
+
+/* y (B, T, H) times a (B, T, 1) mask of 1 up to each row's length, 0 past it (PyTorch's padding
+   of a packed sequence's output) */
+static dtr_tensor *dtr__rnn_mask(dtr_context *ctx, const char *fn, dtr_tensor *y, const int32_t *len) {
+    int64_t B = y->shape[0], T = y->shape[1], shape[3], b, t;
+    float *m = (float *)dtr__arena_meta(ctx, (size_t)(B * T) * sizeof(float), fn);
+    dtr_tensor *mask;
+    if (!m) return NULL;
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++) m[b * T + t] = t < len[b] ? 1.0f : 0.0f;
+    shape[0] = B, shape[1] = T, shape[2] = 1;
+    mask = dtr_tensor_from(ctx, DTR_F32, 3, shape, m);
+    if (mask && y->dtype != DTR_F32) mask = dtr_cast(ctx, mask, y->dtype);
+    return mask ? dtr_mul(ctx, y, mask) : NULL;
+}
+
+/* The recurrence `op` (DTR_OP_LSTM, DTR_OP_GRU; weights w: ih, hh, bias ih, bias hh) over x (B,
+   T, I) as one op on the time-major sequence: x's gates in one GEMM over all steps, then the
+   op. Returns h (B, T, H) in x's layout, zero past each row's length (cfg), and the state after
+   each row's last step in *h_out, *c_out (a padded row's state is carried to the end). */
+static dtr_tensor *dtr__rnn_layer_run(dtr_context *ctx, const char *fn, int op, dtr_tensor *const *w, dtr_tensor *x, dtr_tensor *h,
+                                      dtr_tensor *c, const dtr_rnn_config *cfg, dtr_tensor **h_out, dtr_tensor **c_out) {
+    int64_t T = x->shape[1], H = w[1]->shape[1];
+    const int32_t *len = cfg ? cfg->lengths : NULL;
+    dtr_tensor *gx, *out, *hs, *y;
+    if (len && !dtr__rnn_lengths_ok(ctx, fn, len, x->shape[0], T)) return NULL;
+    gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), w[0], w[2]);
+    if (!gx || !(out = dtr__rnn_sequence(ctx, fn, op, gx, w[1], w[3], h, c, len))) return NULL;
+    hs = op == DTR_OP_LSTM ? dtr_slice(ctx, out, -1, 0, H) : out;
     y = dtr__rnn_swap(ctx, hs);
+    if (len && y) y = dtr__rnn_mask(ctx, fn, y, len);
     if (h_out) *h_out = dtr__rnn_at(ctx, hs, T - 1);
-    if (c_out) *c_out = dtr__rnn_at(ctx, cs, T - 1);
+    if (c_out) *c_out = dtr__rnn_at(ctx, dtr_slice(ctx, out, -1, H, 2 * H), T - 1);
     return ctx->status == DTR_OK ? y : NULL;
 }
 
-/* The GRU over x (B, T, I) as one op on the time-major sequence, as the LSTM's. */
-static dtr_tensor *dtr__gru_layer_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
-    dtr_tensor *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
-    dtr_tensor *hs = gx ? dtr_gru_sequence(ctx, gx, l->weight_hh, l->bias_hh, h) : NULL, *y;
-    if (!hs) return NULL;
-    y = dtr__rnn_swap(ctx, hs);
-    if (h_out) *h_out = dtr__rnn_at(ctx, hs, x->shape[1] - 1);
-    return ctx->status == DTR_OK ? y : NULL;
+dtr_rnn_config dtr_rnn_config_init(void) {
+    dtr_rnn_config c;
+    memset(&c, 0, sizeof c);
+    return c;
 }
 
-dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
-                                   dtr_tensor **h_out, dtr_tensor **c_out) {
+dtr_tensor *dtr_lstm_layer_forward_ex(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
+                                      const dtr_rnn_config *cfg, dtr_tensor **h_out, dtr_tensor **c_out) {
+    static const char fn[] = "dtr_lstm_layer_forward";
+    dtr_tensor *w[4];
     if (!ctx) return NULL;
     if (h_out) *h_out = NULL;
     if (c_out) *c_out = NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_forward: layer is NULL");
-    if (!dtr__rnn_check(ctx, "dtr_lstm_layer_forward", x, 3, l->in, l->hidden, h0, c0)) return NULL;
+    if (!dtr__rnn_check(ctx, fn, x, 3, l->in, l->hidden, h0, c0)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_layer_forward: a sequence of 0 steps");
-    return dtr__lstm_layer_run(ctx, l, x, h0, c0, h_out, c_out);
+    w[0] = l->weight_ih, w[1] = l->weight_hh, w[2] = l->bias_ih, w[3] = l->bias_hh;
+    return dtr__rnn_layer_run(ctx, fn, DTR_OP_LSTM, w, x, h0, c0, cfg, h_out, c_out);
 }
 
-dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
+dtr_tensor *dtr_gru_layer_forward_ex(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, const dtr_rnn_config *cfg,
+                                     dtr_tensor **h_out) {
+    static const char fn[] = "dtr_gru_layer_forward";
+    dtr_tensor *w[4];
     if (!ctx) return NULL;
     if (h_out) *h_out = NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
-    if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
+    if (!dtr__rnn_check(ctx, fn, x, 3, l->in, l->hidden, h0, NULL)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
-    return dtr__gru_layer_run(ctx, l, x, h0, h_out);
+    w[0] = l->weight_ih, w[1] = l->weight_hh, w[2] = l->bias_ih, w[3] = l->bias_hh;
+    return dtr__rnn_layer_run(ctx, fn, DTR_OP_GRU, w, x, h0, NULL, cfg, h_out, NULL);
 }
-#line 16289 "dtrain.h"
+
+dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
+                                   dtr_tensor **h_out, dtr_tensor **c_out) {
+    return dtr_lstm_layer_forward_ex(ctx, l, x, h0, c0, NULL, h_out, c_out);
+}
+
+dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
+    return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
+}
+#line 16393 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16540,7 +16644,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16544 "dtrain.h"
+#line 16648 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17085,7 +17189,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17089 "dtrain.h"
+#line 17193 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17223,7 +17327,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17227 "dtrain.h"
+#line 17331 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17570,7 +17674,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17574 "dtrain.h"
+#line 17678 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17636,7 +17740,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17640 "dtrain.h"
+#line 17744 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -17873,7 +17977,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 17877 "dtrain.h"
+#line 17981 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18622,7 +18726,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18626 "dtrain.h"
+#line 18730 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19075,7 +19179,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19079 "dtrain.h"
+#line 19183 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19131,7 +19235,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19135 "dtrain.h"
+#line 19239 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -19908,7 +20012,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 19912 "dtrain.h"
+#line 20016 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20489,7 +20593,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20493 "dtrain.h"
+#line 20597 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21120,7 +21224,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21124 "dtrain.h"
+#line 21228 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -21916,7 +22020,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 21920 "dtrain.h"
+#line 22024 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22269,7 +22373,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22273 "dtrain.h"
+#line 22377 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22459,7 +22563,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22463 "dtrain.h"
+#line 22567 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22640,7 +22744,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22644 "dtrain.h"
+#line 22748 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23415,7 +23519,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23419 "dtrain.h"
+#line 23523 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -23932,7 +24036,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 23936 "dtrain.h"
+#line 24040 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24727,7 +24831,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24731 "dtrain.h"
+#line 24835 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -25975,7 +26079,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 25979 "dtrain.h"
+#line 26083 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26597,7 +26701,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26601 "dtrain.h"
+#line 26705 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27098,7 +27202,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27102 "dtrain.h"
+#line 27206 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27828,7 +27932,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27832 "dtrain.h"
+#line 27936 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28064,7 +28168,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28068 "dtrain.h"
+#line 28172 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28193,7 +28297,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28197 "dtrain.h"
+#line 28301 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28630,7 +28734,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28634 "dtrain.h"
+#line 28738 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29123,7 +29227,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29127 "dtrain.h"
+#line 29231 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29672,7 +29776,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29676 "dtrain.h"
+#line 29780 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30178,7 +30282,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30182 "dtrain.h"
+#line 30286 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31727,7 +31831,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31731 "dtrain.h"
+#line 31835 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31781,7 +31885,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31785 "dtrain.h"
+#line 31889 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -32959,7 +33063,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 32963 "dtrain.h"
+#line 33067 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33862,7 +33966,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33866 "dtrain.h"
+#line 33970 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35340,7 +35444,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35344 "dtrain.h"
+#line 35448 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35733,7 +35837,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35737 "dtrain.h"
+#line 35841 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -35882,7 +35986,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 35886 "dtrain.h"
+#line 35990 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

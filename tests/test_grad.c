@@ -213,9 +213,25 @@ static dtr_tensor *b_groupnorm(dtr_context *c, dtr_tensor **x, void *u) {
 }
 
 /* an LSTM (arg 1) or a GRU over x[0] (B, T, 3) with weights x[1] (G 2, 3), x[2] (G 2, 2) and one
-   bias x[3] (G 2) as both bias_ih and bias_hh, hidden 2, from a zero state */
+   bias x[3] (G 2) as both bias_ih and bias_hh, hidden 2, from a zero state; args 2 and 3: the
+   same over rows of different lengths (dtr_rnn_config) */
 static dtr_tensor *b_rnn(dtr_context *c, dtr_tensor **x, void *u) {
-    if (*(int *)u) {
+    static const int32_t lengths[2] = {3, 1};
+    int k = *(int *)u;
+    if (k >= 2) {   /* 2: an LSTM, 3: a GRU, over rows of 3 and 1 steps; y, the last h (and c) side by side */
+        dtr_rnn_config cfg = dtr_rnn_config_init();
+        dtr_lstm_layer l = {x[1], x[2], x[3], x[3], 3, 2};
+        dtr_gru_layer g = {x[1], x[2], x[3], x[3], 3, 2};
+        dtr_tensor *parts[3] = {NULL, NULL, NULL}, *y;
+        int64_t ys[2] = {2, 6};
+        cfg.lengths = lengths;
+        y = k == 2 ? dtr_lstm_layer_forward_ex(c, &l, x[0], NULL, NULL, &cfg, &parts[1], &parts[2])
+                   : dtr_gru_layer_forward_ex(c, &g, x[0], NULL, &cfg, &parts[1]);
+        if (!y) return NULL;
+        parts[0] = dtr_reshape(c, y, 2, ys);
+        return dtr_concat(c, parts, k == 2 ? 3 : 2, 1);
+    }
+    if (k) {
         dtr_lstm_layer l = {x[1], x[2], x[3], x[3], 3, 2};
         return dtr_lstm_layer_forward(c, &l, x[0], NULL, NULL, NULL, NULL);
     } else {
@@ -621,6 +637,8 @@ static const op_case CASES[] = {
     {"group norm, 3 groups", 3, {IN4(2, 6, 2, 3), IN1(6), IN1(6)}, b_groupnorm, K0, 0, NULL},
     {"lstm over 3 steps", 4, {IN3(2, 3, 3), IN2(8, 3), IN2(8, 2), IN1(8)}, b_rnn, KA(1), 0, NULL},
     {"gru over 3 steps", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(0), 0, NULL},
+    {"lstm over rows of 3 and 1 steps (padding)", 4, {IN3(2, 3, 3), IN2(8, 3), IN2(8, 2), IN1(8)}, b_rnn, KA(2), 0, NULL},
+    {"gru over rows of 3 and 1 steps (padding)", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(3), 0, NULL},
     {"lstm sequence with h0, c0 and every step's h and c", 5, {IN3(4, 3, 8), IN2(8, 2), IN1(8), IN2(3, 2), IN2(3, 2)}, b_lstm_seq,
      KA(1), 0, NULL},
     {"lstm sequence without bias or state", 2, {IN3(3, 2, 8), IN2(8, 2)}, b_lstm_seq, KA(0), 0, NULL},

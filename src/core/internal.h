@@ -844,6 +844,12 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
+/** The recurrence op `op` (DTR_OP_LSTM, DTR_OP_GRU; inputs gx, w_hh, b_hh, h0, c0 (the GRU's
+ *  NULL), lengths) -> y (T, B, 2H | H), errors naming fn. lengths: B host values in 1..T
+ *  (checked by the caller; a row past its length carries its state: y = the step before's),
+ *  or NULL (src/ops/ops_nn.c). */
+DTR__PRIVATE dtr_tensor *dtr__rnn_sequence(dtr_context *ctx, const char *fn, int op, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh,
+                                           dtr_tensor *h0, dtr_tensor *c0, const int32_t *lengths);
 /** out[j] += the sum over rows r of X[r n + j] (X (rows, n) dense): a bias's gradient. */
 DTR__PRIVATE void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out);
 /** Gradient buffer of x when x takes part in backward, else NULL. */

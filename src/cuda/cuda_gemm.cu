@@ -481,9 +481,13 @@ typedef struct dtr__cuda_rnn_step {
     float *a, *ts, *y;                    /* gates (h W^T in, kept values out); the LSTM's tanh(c'); y's step */
     float *dh, *dc, *da, *dx, *gc0, *gh0; /* backward: carried gradients of h and c; the gates' (against W_hh; the GRU's gx's apart);
                                              c0's and h0's (step 0) */
-    int64_t B, H, ldc, ldh, Y;
+    const int32_t *len;                   /* row lengths (a row past its length carries its state), or NULL */
+    int64_t B, H, ldc, ldh, Y, t;
     int hh;                               /* a holds h W^T */
 } dtr__cuda_rnn_step;
+
+/* 1 when row r is past its length at this step (as the CPU's dtr__rnn_padded) */
+__device__ static int dtr__cuda_rnn_padded(const dtr__cuda_rnn_step &s, int64_t r) { return s.len && s.t >= s.len[r]; }
 
 /* the LSTM gate q's pre-activation at element e (row r, unit k) as the CPU's dtr__lstm_gates_in */
 __device__ static float dtr__cuda_lstm_pre(const dtr__cuda_rnn_step &s, int64_t e, int64_t bq) {
@@ -496,6 +500,10 @@ __global__ static void dtr__cuda_lstm_seq_fwd_k(dtr__cuda_rnn_step s) {
     DTR__CUDA_FOR(u, s.B * s.H) {
         int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k;
         float g[4], h, c2, t;
+        if (dtr__cuda_rnn_padded(s, r)) {   /* the state carried: the step before's h and c */
+            s.y[r * 2 * s.H + k] = s.y[r * 2 * s.H + k - s.B * s.Y], s.y[r * 2 * s.H + s.H + k] = s.y[r * 2 * s.H + s.H + k - s.B * s.Y];
+            continue;
+        }
         dtr__f_lstm_gates(dtr__cuda_lstm_pre(s, o, k), dtr__cuda_lstm_pre(s, o + s.H, s.H + k), dtr__cuda_lstm_pre(s, o + 2 * s.H, 2 * s.H + k),
                           dtr__cuda_lstm_pre(s, o + 3 * s.H, 3 * s.H + k), &g[0], &g[1], &g[2], &g[3]);
         dtr__f_lstm_cell_act(g[0], g[1], g[2], g[3], s.c ? s.c[r * s.ldc + k] : 0.0f, &h, &c2, &t);
@@ -505,16 +513,22 @@ __global__ static void dtr__cuda_lstm_seq_fwd_k(dtr__cuda_rnn_step s) {
 }
 
 /* LSTM step t's gates' gradients into da from y's gradient plus the carried dh, dc; dc becomes
-   the previous cell's (at step 0: added into c0's gradient gc0, if any) */
+   the previous cell's (at step 0: added into c0's gradient gc0, if any) and dh 0 (the GEMM adds
+   da W_hh); a padded row carries both on whole, its da 0 */
 __global__ static void dtr__cuda_lstm_seq_bwd_k(dtr__cuda_rnn_step s, int first) {
     DTR__CUDA_FOR(u, s.B * s.H) {
         int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k;
-        float d[4], dcp;
-        dtr__f_lstm_cell_grad_act(s.a[o], s.a[o + s.H], s.a[o + 2 * s.H], s.a[o + 3 * s.H], s.c ? s.c[r * s.ldc + k] : 0.0f, s.ts[u],
-                                  s.gy[r * 2 * s.H + k] + s.dh[u], s.gy[r * 2 * s.H + s.H + k] + s.dc[u], &d[0], &d[1], &d[2], &d[3], &dcp);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dcp, gh = s.gy[r * 2 * s.H + k] + s.dh[u], gc = s.gy[r * 2 * s.H + s.H + k] + s.dc[u];
+        if (dtr__cuda_rnn_padded(s, r)) {
+            s.dh[u] = gh, s.dc[u] = gc;
+        } else {
+            dtr__f_lstm_cell_grad_act(s.a[o], s.a[o + s.H], s.a[o + 2 * s.H], s.a[o + 3 * s.H], s.c ? s.c[r * s.ldc + k] : 0.0f, s.ts[u], gh, gc,
+                                      &d[0], &d[1], &d[2], &d[3], &dcp);
+            s.dh[u] = 0.0f;
+            if (!first) s.dc[u] = dcp;
+            else if (s.gc0) s.gc0[u] += dcp;
+        }
         for (int q = 0; q < 4; q++) s.da[o + q * s.H] = d[q];
-        if (!first) s.dc[u] = dcp;
-        else if (s.gc0) s.gc0[u] += dcp;
     }
 }
 
@@ -529,6 +543,10 @@ __global__ static void dtr__cuda_gru_seq_fwd_k(dtr__cuda_rnn_step s) {
     DTR__CUDA_FOR(u, s.B * s.H) {
         int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k, x = r * 3 * s.H + k;
         float hr = dtr__cuda_gru_hid(s, r, 0, k), hz = dtr__cuda_gru_hid(s, r, 1, k), hn = dtr__cuda_gru_hid(s, r, 2, k), g[3], h2;
+        if (dtr__cuda_rnn_padded(s, r)) {   /* the state carried */
+            s.y[u] = s.h[r * s.ldh + k];
+            continue;
+        }
         dtr__f_gru_cell(s.gx[x], s.gx[x + s.H], s.gx[x + 2 * s.H], hr, hz, hn, s.h ? s.h[r * s.ldh + k] : 0.0f, &g[0], &g[1], &g[2], &h2);
         s.a[o] = g[0], s.a[o + s.H] = g[1], s.a[o + 2 * s.H] = g[2], s.a[o + 3 * s.H] = hn;
         s.y[u] = h2;
@@ -541,9 +559,10 @@ __global__ static void dtr__cuda_gru_seq_fwd_k(dtr__cuda_rnn_step s) {
 __global__ static void dtr__cuda_gru_seq_bwd_k(dtr__cuda_rnn_step s, int first) {
     DTR__CUDA_FOR(u, s.B * s.H) {
         int64_t r = u / s.H, k = u % s.H, o = r * 4 * s.H + k, x = r * 3 * s.H + k;
-        float dr, dz, dn, dhn, dh;
-        dtr__f_gru_cell_grad(s.a[o], s.a[o + s.H], s.a[o + 2 * s.H], s.a[o + 3 * s.H], s.h ? s.h[r * s.ldh + k] : 0.0f, s.gy[u] + s.dh[u],
-                             &dr, &dz, &dn, &dhn, &dh);
+        float dr = 0.0f, dz = 0.0f, dn = 0.0f, dhn = 0.0f, dh = s.gy[u] + s.dh[u];
+        if (!dtr__cuda_rnn_padded(s, r))   /* else: the whole gradient carried, the gates' 0 */
+            dtr__f_gru_cell_grad(s.a[o], s.a[o + s.H], s.a[o + 2 * s.H], s.a[o + 3 * s.H], s.h ? s.h[r * s.ldh + k] : 0.0f, dh, &dr, &dz, &dn,
+                                 &dhn, &dh);
         s.dx[x] = s.da[x] = dr, s.dx[x + s.H] = s.da[x + s.H] = dz, s.dx[x + 2 * s.H] = dn, s.da[x + 2 * s.H] = dhn;
         if (!first) s.dh[u] = dh;
         else if (s.gh0) s.gh0[u] += dh;
@@ -563,6 +582,7 @@ static dtr__cuda_rnn_step dtr__cuda_rnn_at(const dtr__node *nd, float *A, int64_
     s.h = t ? s.y - s.B * s.Y : nd->in[3] ? dtr__f32(nd->in[3]) : NULL, s.ldh = t ? s.Y : s.H;
     s.c = gru ? NULL : t ? s.y - s.B * s.Y + s.H : nd->in[4] ? dtr__f32(nd->in[4]) : NULL, s.ldc = s.ldh;
     s.a = A + (all ? t : 0) * s.B * S, s.ts = gru ? NULL : A + (all ? T : 1) * s.B * S + (all ? t : 0) * s.B * s.H;
+    s.len = nd->in[5] ? dtr__i32(nd->in[5]) : NULL, s.t = t;
     return s;
 }
 
@@ -614,14 +634,13 @@ static dtr_result dtr__cuda_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
         dtr__cuda_rnn_step s = dtr__cuda_rnn_at(nd, (float *)nd->saved, t, 1);
         s.gy = nd->out->grad + t * B * s.Y, s.da = dA + t * B * G, s.dx = dX + t * B * G;
         s.dh = dA + (gru ? 2 : 1) * T * B * G, s.dc = s.dh + B * H;
-        s.gc0 = nd->n_in > 4 ? dtr__gradof(nd->in[4]) : NULL, s.gh0 = gh0;
+        s.gc0 = dtr__gradof(nd->in[4]), s.gh0 = gh0;
         if (gru) dtr__cuda_gru_seq_bwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s, t == 0);
         else dtr__cuda_lstm_seq_bwd_k<<<dtr__cuda_grid(B * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(s, t == 0);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-        /* the h before's gradient (B, H) += dA_t (B, G H) W (G H, H): the carried one (the GRU's
-           holds z dh' already; the LSTM's is replaced), or h0's */
-        if ((t || gh0) && dtr__cuda_gemm(ctx, B, H, G, 1.0f, s.da, G, 1, 0, dtr__f32(nd->in[1]), H, 1, 0, (t && !gru) ? 0.0f : 1.0f,
-                                         t ? s.dh : gh0, H, 0, 1) != DTR_OK)
+        /* the h before's gradient (B, H) += dA_t (B, G H) W (G H, H): into the carried one (the
+           kernel left the GRU's z dh', the LSTM's 0, a padded row's whole), or h0's */
+        if ((t || gh0) && dtr__cuda_gemm(ctx, B, H, G, 1.0f, s.da, G, 1, 0, dtr__f32(nd->in[1]), H, 1, 0, 1.0f, t ? s.dh : gh0, H, 0, 1) != DTR_OK)
             return ctx->status;
     }
     return dtr__cuda_rnn_sums(ctx, nd, dA, dX);

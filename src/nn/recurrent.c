@@ -132,46 +132,89 @@ static dtr_tensor *dtr__rnn_at(dtr_context *ctx, dtr_tensor *s, int64_t t) {
     return dtr_reshape(ctx, dtr_slice(ctx, s, 0, t, t + 1), 2, shape);
 }
 
-/* The LSTM over x (B, T, I) as one op on the time-major sequence: x's gates in one GEMM over all
-   steps, then dtr_lstm_sequence; h (B, T, H) back in x's layout. */
-static dtr_tensor *dtr__lstm_layer_run(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
-                                       dtr_tensor **h_out, dtr_tensor **c_out) {
-    int64_t T = x->shape[1];
-    dtr_tensor *cs, *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
-    dtr_tensor *hs = gx ? dtr_lstm_sequence(ctx, gx, l->weight_hh, l->bias_hh, h, c, &cs) : NULL, *y;
-    if (!hs) return NULL;
+/* 1 when the B lengths are in 1..T, else 0 with the context's error (naming fn) */
+static int dtr__rnn_lengths_ok(dtr_context *ctx, const char *fn, const int32_t *len, int64_t B, int64_t T) {
+    int64_t b;
+    for (b = 0; b < B; b++)
+        if (len[b] < 1 || len[b] > T)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: lengths[%lld] = %d is not in 1..%lld (the sequence's steps)", fn, (long long)b,
+                             (int)len[b], (long long)T), 0;
+    return 1;
+}
+
+/* y (B, T, H) times a (B, T, 1) mask of 1 up to each row's length, 0 past it (PyTorch's padding
+   of a packed sequence's output) */
+static dtr_tensor *dtr__rnn_mask(dtr_context *ctx, const char *fn, dtr_tensor *y, const int32_t *len) {
+    int64_t B = y->shape[0], T = y->shape[1], shape[3], b, t;
+    float *m = (float *)dtr__arena_meta(ctx, (size_t)(B * T) * sizeof(float), fn);
+    dtr_tensor *mask;
+    if (!m) return NULL;
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++) m[b * T + t] = t < len[b] ? 1.0f : 0.0f;
+    shape[0] = B, shape[1] = T, shape[2] = 1;
+    mask = dtr_tensor_from(ctx, DTR_F32, 3, shape, m);
+    if (mask && y->dtype != DTR_F32) mask = dtr_cast(ctx, mask, y->dtype);
+    return mask ? dtr_mul(ctx, y, mask) : NULL;
+}
+
+/* The recurrence `op` (DTR_OP_LSTM, DTR_OP_GRU; weights w: ih, hh, bias ih, bias hh) over x (B,
+   T, I) as one op on the time-major sequence: x's gates in one GEMM over all steps, then the
+   op. Returns h (B, T, H) in x's layout, zero past each row's length (cfg), and the state after
+   each row's last step in *h_out, *c_out (a padded row's state is carried to the end). */
+static dtr_tensor *dtr__rnn_layer_run(dtr_context *ctx, const char *fn, int op, dtr_tensor *const *w, dtr_tensor *x, dtr_tensor *h,
+                                      dtr_tensor *c, const dtr_rnn_config *cfg, dtr_tensor **h_out, dtr_tensor **c_out) {
+    int64_t T = x->shape[1], H = w[1]->shape[1];
+    const int32_t *len = cfg ? cfg->lengths : NULL;
+    dtr_tensor *gx, *out, *hs, *y;
+    if (len && !dtr__rnn_lengths_ok(ctx, fn, len, x->shape[0], T)) return NULL;
+    gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), w[0], w[2]);
+    if (!gx || !(out = dtr__rnn_sequence(ctx, fn, op, gx, w[1], w[3], h, c, len))) return NULL;
+    hs = op == DTR_OP_LSTM ? dtr_slice(ctx, out, -1, 0, H) : out;
     y = dtr__rnn_swap(ctx, hs);
+    if (len && y) y = dtr__rnn_mask(ctx, fn, y, len);
     if (h_out) *h_out = dtr__rnn_at(ctx, hs, T - 1);
-    if (c_out) *c_out = dtr__rnn_at(ctx, cs, T - 1);
+    if (c_out) *c_out = dtr__rnn_at(ctx, dtr_slice(ctx, out, -1, H, 2 * H), T - 1);
     return ctx->status == DTR_OK ? y : NULL;
 }
 
-/* The GRU over x (B, T, I) as one op on the time-major sequence, as the LSTM's. */
-static dtr_tensor *dtr__gru_layer_run(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor **h_out) {
-    dtr_tensor *gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), l->weight_ih, l->bias_ih);
-    dtr_tensor *hs = gx ? dtr_gru_sequence(ctx, gx, l->weight_hh, l->bias_hh, h) : NULL, *y;
-    if (!hs) return NULL;
-    y = dtr__rnn_swap(ctx, hs);
-    if (h_out) *h_out = dtr__rnn_at(ctx, hs, x->shape[1] - 1);
-    return ctx->status == DTR_OK ? y : NULL;
+dtr_rnn_config dtr_rnn_config_init(void) {
+    dtr_rnn_config c;
+    memset(&c, 0, sizeof c);
+    return c;
 }
 
-dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
-                                   dtr_tensor **h_out, dtr_tensor **c_out) {
+dtr_tensor *dtr_lstm_layer_forward_ex(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
+                                      const dtr_rnn_config *cfg, dtr_tensor **h_out, dtr_tensor **c_out) {
+    static const char fn[] = "dtr_lstm_layer_forward";
+    dtr_tensor *w[4];
     if (!ctx) return NULL;
     if (h_out) *h_out = NULL;
     if (c_out) *c_out = NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_forward: layer is NULL");
-    if (!dtr__rnn_check(ctx, "dtr_lstm_layer_forward", x, 3, l->in, l->hidden, h0, c0)) return NULL;
+    if (!dtr__rnn_check(ctx, fn, x, 3, l->in, l->hidden, h0, c0)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_layer_forward: a sequence of 0 steps");
-    return dtr__lstm_layer_run(ctx, l, x, h0, c0, h_out, c_out);
+    w[0] = l->weight_ih, w[1] = l->weight_hh, w[2] = l->bias_ih, w[3] = l->bias_hh;
+    return dtr__rnn_layer_run(ctx, fn, DTR_OP_LSTM, w, x, h0, c0, cfg, h_out, c_out);
 }
 
-dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
+dtr_tensor *dtr_gru_layer_forward_ex(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, const dtr_rnn_config *cfg,
+                                     dtr_tensor **h_out) {
+    static const char fn[] = "dtr_gru_layer_forward";
+    dtr_tensor *w[4];
     if (!ctx) return NULL;
     if (h_out) *h_out = NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
-    if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
+    if (!dtr__rnn_check(ctx, fn, x, 3, l->in, l->hidden, h0, NULL)) return NULL;
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
-    return dtr__gru_layer_run(ctx, l, x, h0, h_out);
+    w[0] = l->weight_ih, w[1] = l->weight_hh, w[2] = l->bias_ih, w[3] = l->bias_hh;
+    return dtr__rnn_layer_run(ctx, fn, DTR_OP_GRU, w, x, h0, NULL, cfg, h_out, NULL);
+}
+
+dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
+                                   dtr_tensor **h_out, dtr_tensor **c_out) {
+    return dtr_lstm_layer_forward_ex(ctx, l, x, h0, c0, NULL, h_out, c_out);
+}
+
+dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
+    return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }

@@ -846,11 +846,26 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
    2H), a being pre-activations (ts NULL) or activations with ts: the gates' gradients added
    into ga (rows, 4H) (written, with ts), the previous cell's into gc (row stride ldgc). */
 typedef struct dtr__lstm_job {
-    float *a, *y, *ga, *gc, *ts;
-    const float *gx, *bias, *c, *g;
-    int64_t H, ldc, ldgc;
+    float *a, *y, *ga, *gc, *ts, *carry;
+    const float *gx, *bias, *c, *g, *yprev;
+    const int32_t *len;       /* the recurrence's row lengths (rows past theirs carry), or NULL */
+    int64_t H, ldc, ldgc, t;
     int hh;
 } dtr__lstm_job;
+
+/* 1 when row r of a recurrence's step t is past its sequence's end: its state is carried (y =
+   the step before's y), and backward passes its whole gradient g on to the step before */
+static int dtr__rnn_padded(const int32_t *len, int64_t t, int64_t r) { return len && t >= len[r]; }
+
+/* a padded row: forward copies the step before's y row (n floats); backward zeroes its gates'
+   gradients (ga, and gb if any, m floats each) and adds g's row into carry's */
+static void dtr__rnn_pad_row(float *y, const float *yprev, int64_t n, float *ga, float *gb, int64_t m, const float *g, float *carry) {
+    int64_t i;
+    if (y) memcpy(y, yprev, (size_t)n * sizeof(float));
+    if (ga) memset(ga, 0, (size_t)m * sizeof(float));
+    if (gb) memset(gb, 0, (size_t)m * sizeof(float));
+    for (i = 0; carry && i < n; i++) carry[i] += g[i];
+}
 
 /* the gates' pre-activations of a row: gx + (h W^T + bias), each part optional but gx */
 DTR__SIMD_BODY void dtr__lstm_gates_in(float *a, const float *gx, const float *bias, int hh, int64_t n) {
@@ -867,6 +882,10 @@ DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     for (r = b; r < e; r++) {
         float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *h = j->y + r * 2 * H, *c2 = h + H, *t = j->ts;
         const float *cr = j->c ? j->c + r * j->ldc : NULL, *gr = j->gx ? j->gx + r * 4 * H : NULL;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(h, j->yprev + r * 2 * H, 2 * H, NULL, NULL, 0, NULL, NULL);
+            continue;
+        }
         if (gr) dtr__lstm_gates_in(ai, gr, j->bias, j->hh, 4 * H);
         if (t) {
             t += r * H;
@@ -890,6 +909,10 @@ DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         const float *c = j->c ? j->c + r * j->ldc : NULL, *t = j->ts ? j->ts + r * H : NULL;
         float di[64], df[64], dg[64], dout[64], dcp[64], *q = j->ga ? j->ga + r * 4 * H : NULL, *gc = j->gc ? j->gc + r * j->ldgc : NULL;
         int64_t k0, k, n;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(NULL, NULL, 2 * H, q, NULL, 4 * H, gh, j->carry + r * 2 * H);
+            continue;
+        }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
             n = H - k0 < 64 ? H - k0 : 64;
             if (t)
@@ -969,43 +992,42 @@ static int dtr__rnn_seq_shapes_ok(dtr_context *ctx, const char *fn, int G, const
     return 1;
 }
 
-/* the node of a recurrence op (DTR_OP_LSTM with n_in 5, DTR_OP_GRU with 4) and its output
-   (T, B, Y), checked, recorded */
-static dtr_tensor *dtr__rnn_seq_node(dtr_context *ctx, const char *fn, int op, int n_in, dtr_tensor **in) {
+dtr_tensor *dtr__rnn_sequence(dtr_context *ctx, const char *fn, int op, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0,
+                              dtr_tensor *c0, const int32_t *lengths) {
     static const char *const names[5] = {"gx", "w_hh", "b_hh", "h0", "c0"};
     int i, G = op == DTR_OP_LSTM ? 4 : 3;
     int64_t shape[3];
+    dtr_tensor *in[6];
     dtr__node *n;
-    for (i = 0; i < n_in; i++)
+    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0, in[5] = NULL;
+    for (i = 0; i < 5; i++)
         if ((i < 2 || in[i]) && !dtr__check_input(ctx, fn, in[i], names[i])) return NULL;
-    if (!dtr__rnn_seq_shapes_ok(ctx, fn, G, in[0], in[1], in[2], in[3], n_in > 4 ? in[4] : NULL)) return NULL;
-    for (i = 0; i < n_in; i++)
+    if (!dtr__rnn_seq_shapes_ok(ctx, fn, G, gx, w_hh, b_hh, h0, c0)) return NULL;
+    for (i = 0; i < 5; i++)
         if (in[i] && !(in[i] = dtr__contig_input(ctx, in[i]))) return NULL;
-    if (!(n = dtr__node_new(ctx, op, n_in, in))) return NULL;
-    shape[0] = in[0]->shape[0], shape[1] = in[0]->shape[1], shape[2] = (G == 4 ? 2 : 1) * in[1]->shape[1];
+    if (lengths && !(in[5] = dtr_tensor_from(ctx, DTR_I32, 1, &gx->shape[1], lengths))) return NULL;
+    if (!(n = dtr__node_new(ctx, op, 6, in))) return NULL;
+    shape[0] = gx->shape[0], shape[1] = gx->shape[1], shape[2] = (G == 4 ? 2 : 1) * w_hh->shape[1];
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, fn);
     return n->out ? dtr__record(ctx, n, fn) : NULL;
 }
 
 dtr_tensor *dtr_lstm_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0, dtr_tensor *c0,
                               dtr_tensor **c_out) {
-    dtr_tensor *in[5], *out;
+    dtr_tensor *out;
     int64_t H;
     if (!ctx) return NULL;
     if (c_out) *c_out = NULL;
     if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_sequence: c_out is NULL");
-    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0, in[4] = c0;
-    if (!(out = dtr__rnn_seq_node(ctx, "dtr_lstm_sequence", DTR_OP_LSTM, 5, in))) return NULL;
+    if (!(out = dtr__rnn_sequence(ctx, "dtr_lstm_sequence", DTR_OP_LSTM, gx, w_hh, b_hh, h0, c0, NULL))) return NULL;
     H = w_hh->shape[1];
     *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
 dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh, dtr_tensor *h0) {
-    dtr_tensor *in[4];
     if (!ctx) return NULL;
-    in[0] = gx, in[1] = w_hh, in[2] = b_hh, in[3] = h0;
-    return dtr__rnn_seq_node(ctx, "dtr_gru_sequence", DTR_OP_GRU, 4, in);
+    return dtr__rnn_sequence(ctx, "dtr_gru_sequence", DTR_OP_GRU, gx, w_hh, b_hh, h0, NULL, NULL);
 }
 
 /* One GRU cell pass over rows [b, e). Forward: a (rows, 4H): in, h W_hh^T in its first 3H
@@ -1016,7 +1038,8 @@ dtr_tensor *dtr_gru_sequence(dtr_context *ctx, dtr_tensor *gx, dtr_tensor *w_hh,
 typedef struct dtr__gru_job {
     float *a, *y, *dgx, *dgh, *gh;
     const float *gx, *bias, *h, *g;
-    int64_t H, ldh;
+    const int32_t *len;       /* as the LSTM's job: padded rows carry (the step before's y is h) */
+    int64_t H, ldh, t;
     int hh;
 } dtr__gru_job;
 
@@ -1027,6 +1050,10 @@ DTR__SIMD_BODY void dtr__gru_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     for (r = b; r < e; r++) {
         float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *y = j->y + r * H;
         const float *xr = j->gx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hp = j->h ? j->h + r * j->ldh : NULL, *bs = j->bias;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(y, hp, H, NULL, NULL, 0, NULL, NULL);
+            continue;
+        }
         if (j->hh && bs) DTR__ELEMENTWISE(0, 3 * H, ar[i] = ar[i] + bs[i]);   /* h W^T + b, as dtr_linear */
         else if (!j->hh && bs) memcpy(ar, bs, (size_t)(3 * H) * sizeof(float));
         else if (!j->hh) memset(ar, 0, (size_t)(3 * H) * sizeof(float));
@@ -1046,6 +1073,10 @@ DTR__SIMD_BODY void dtr__gru_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         float *xr = j->dgx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hr = j->dgh + r * 3 * H, *hz = hr + H, *dhn = hz + H;
         float dh[64], *gh = j->gh ? j->gh + r * j->ldh : NULL;
         int64_t k0, k, n;
+        if (dtr__rnn_padded(j->len, j->t, r)) {
+            dtr__rnn_pad_row(NULL, NULL, H, xr, hr, 3 * H, g, gh);
+            continue;
+        }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time: h's share through a local array */
             n = H - k0 < 64 ? H - k0 : 64;
             DTR__ELEMENTWISE(k0, k0 + n, dtr__f_gru_cell_grad(ar[i], az[i], an[i], hn[i], hp ? hp[i] : 0.0f, g[i], &xr[i], &xz[i], &xn[i],
@@ -1065,6 +1096,7 @@ DTR__TARGET_AVX2 static void dtr__gru_bwd_avx2(void *arg, int64_t b, int64_t e, 
 typedef struct dtr__rnn_seq {
     int64_t T, B, H, G, Y;
     const float *gx, *w, *b, *h0, *c0;
+    const int32_t *len;   /* row lengths (in[5]), or NULL */
     float *y;
     int gru;
 } dtr__rnn_seq;
@@ -1078,7 +1110,8 @@ static dtr__rnn_seq dtr__rnn_seq_of(const dtr__node *nd) {
     s.gx = dtr__f32(nd->in[0]), s.w = dtr__f32(nd->in[1]);
     s.b = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     s.h0 = nd->in[3] ? dtr__f32(nd->in[3]) : NULL;
-    s.c0 = nd->n_in > 4 && nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.c0 = nd->in[4] ? dtr__f32(nd->in[4]) : NULL;
+    s.len = nd->in[5] ? dtr__i32(nd->in[5]) : NULL;
     s.y = dtr__f32(nd->out);
     return s;
 }
@@ -1123,8 +1156,8 @@ static void dtr__rnn_fwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int6
     if (h) dtr__gemm_packed(k->ctx->pool, w, e - b, 1.0f, h + b * ldh, ldh, 1, &k->w, 0.0f, a + b * k->S, k->S);
     memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
     gj.a = lj.a = a, gj.y = lj.y = y, gj.gx = lj.gx = s->gx + t * B * s->G, gj.bias = lj.bias = s->b, gj.hh = lj.hh = h != NULL;
-    gj.H = lj.H = H, gj.h = h, gj.ldh = ldh;
-    lj.ts = k->ts ? k->ts + t * B * H : NULL, lj.c = t ? y - B * s->Y + H : s->c0, lj.ldc = ldh;
+    gj.H = lj.H = H, gj.h = h, gj.ldh = ldh, gj.len = lj.len = s->len, gj.t = lj.t = t;
+    lj.ts = k->ts ? k->ts + t * B * H : NULL, lj.c = t ? y - B * s->Y + H : s->c0, lj.ldc = ldh, lj.yprev = y - B * s->Y;
     dtr__rnn_cells(k, s->gru ? (void *)&gj : (void *)&lj, b, e, w);
 }
 
@@ -1141,7 +1174,7 @@ static void dtr__rnn_bwd_step(const dtr__rnn_walk *k, int64_t t, int64_t b, int6
     if (t == s->T - 1) memcpy(cur + b * Y, k->gy + (t * B + b) * Y, rows);
     if (prev) memcpy(prev + b * Y, k->gy + ((t - 1) * B + b) * Y, rows);
     memset(&lj, 0, sizeof lj), memset(&gj, 0, sizeof gj);
-    gj.a = lj.a = k->A + t * B * k->S, gj.g = lj.g = cur, gj.H = lj.H = H;
+    gj.a = lj.a = k->A + t * B * k->S, gj.g = lj.g = cur, gj.H = lj.H = H, gj.len = lj.len = s->len, gj.t = lj.t = t, lj.carry = prev;
     gj.h = t ? s->y + (t - 1) * B * Y : s->h0, gj.ldh = ld, gj.dgx = k->dX + t * B * G, gj.dgh = k->dA + t * B * G, gj.gh = to;
     lj.ts = k->ts + t * B * H, lj.ga = k->dA + t * B * G;
     lj.c = t ? s->y + (t - 1) * B * Y + H : s->c0, lj.ldc = ld, lj.gc = t ? prev + H : k->gc0, lj.ldgc = ld;
@@ -1215,7 +1248,7 @@ dtr_result dtr__cpu_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = k.s.T * k.s.B * k.s.G;
     size_t bytes = (size_t)((k.s.gru ? 2 : 1) * n + 2 * k.s.B * k.s.Y) * sizeof(float);
     k.A = (float *)nd->saved, k.ts = k.s.gru ? NULL : k.A + k.s.T * k.s.B * k.S, k.gy = nd->out->grad;
-    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = nd->n_in > 4 ? dtr__gradof(nd->in[4]) : NULL;
+    k.gh0 = dtr__gradof(nd->in[3]), k.gc0 = dtr__gradof(nd->in[4]);
     if (!(k.dA = (float *)dtr__arena_data(ctx, bytes, dtr__rnn_name(&k.s)))) return ctx->status;
     k.dX = k.s.gru ? k.dA + n : NULL, k.P[0] = k.dA + (k.s.gru ? 2 : 1) * n, k.P[1] = k.P[0] + k.s.B * k.s.Y;
     dtr__rnn_walk_run(&k);

@@ -1205,6 +1205,24 @@ DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_bl
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0,
                                            dtr_tensor *c0, dtr_tensor **h_out, dtr_tensor **c_out);
+/** Options of an LSTM or GRU layer over a batch of sequences (dtr_rnn_config_init(): none). */
+typedef struct dtr_rnn_config {
+    const int32_t *lengths;   /**< B host values: row b is a sequence of its first lengths[b] steps
+                                   (1..T), the rest padding; NULL: every row has T steps. Read
+                                   during the call. */
+} dtr_rnn_config;
+/** A dtr_rnn_config with no options (every row T steps). Thread safety: any thread. */
+DTR_API dtr_rnn_config dtr_rnn_config_init(void);
+/** dtr_lstm_layer_forward over a batch of sequences of different lengths (cfg->lengths; cfg
+ *  NULL: as dtr_lstm_layer_forward): PyTorch's nn.LSTM on a packed sequence. Row b's steps
+ *  from lengths[b] on are padding: its output there is 0 (pad_packed_sequence's padding), its
+ *  state stops at its last step, *h_out and *c_out are each row's state after its last step,
+ *  and the padding gets no gradient and gives none. The recurrence still runs over all B rows
+ *  a step (a padded row's state is carried along). @return NULL with the context's error: as
+ *  dtr_lstm_layer_forward's, and DTR_INVALID_ARGUMENT (a length outside 1..T).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_layer_forward_ex(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                              dtr_tensor *c0, const dtr_rnn_config *cfg, dtr_tensor **h_out, dtr_tensor **c_out);
 /** One LSTM step: x (B, I), h, c (B, H) (NULL: zeros) -> h' (B, H), and *c_out = c' (B, H):
  *  a control loop's cell, one observation at a time (PyTorch's nn.LSTMCell). Errors as
  *  dtr_lstm_layer_forward's. Thread safety: the context's thread. */
@@ -1214,6 +1232,10 @@ DTR_API dtr_tensor *dtr_lstm_layer_step(dtr_context *ctx, const dtr_lstm_layer *
  *  NULL) the last step's state. As dtr_lstm_layer_forward. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0,
                                           dtr_tensor **h_out);
+/** dtr_gru_layer_forward over sequences of different lengths, as dtr_lstm_layer_forward_ex.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_layer_forward_ex(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                             const dtr_rnn_config *cfg, dtr_tensor **h_out);
 /** One GRU step: x (B, I), h (B, H) (NULL: zeros) -> h' (B, H) (PyTorch's nn.GRUCell).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h);
