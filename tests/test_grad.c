@@ -218,13 +218,15 @@ static dtr_tensor *b_groupnorm(dtr_context *c, dtr_tensor **x, void *u) {
 static dtr_tensor *b_rnn(dtr_context *c, dtr_tensor **x, void *u) {
     static const int32_t lengths[2] = {3, 1};
     int k = *(int *)u;
-    if (k >= 2) {   /* 2: an LSTM, 3: a GRU, over rows of 3 and 1 steps; y, the last h (and c) side by side */
+    if (k >= 2) {   /* 2: an LSTM, 3: a GRU, over rows of 3 and 1 steps (4: the LSTM in reverse; 5: the GRU in
+                       reverse over whole rows); y, the last h (and c) side by side */
         dtr_rnn_config cfg = dtr_rnn_config_init();
         dtr_lstm_layer l = {x[1], x[2], x[3], x[3], 3, 2};
         dtr_gru_layer g = {x[1], x[2], x[3], x[3], 3, 2};
         dtr_tensor *parts[3] = {NULL, NULL, NULL}, *y;
         int64_t ys[2] = {2, 6};
-        cfg.lengths = lengths;
+        cfg.lengths = k == 5 ? NULL : lengths, cfg.reverse = k >= 4;
+        k = k == 4 ? 2 : k == 5 ? 3 : k;
         y = k == 2 ? dtr_lstm_layer_forward_ex(c, &l, x[0], NULL, NULL, &cfg, &parts[1], &parts[2])
                    : dtr_gru_layer_forward_ex(c, &g, x[0], NULL, &cfg, &parts[1]);
         if (!y) return NULL;
@@ -639,6 +641,8 @@ static const op_case CASES[] = {
     {"gru over 3 steps", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(0), 0, NULL},
     {"lstm over rows of 3 and 1 steps (padding)", 4, {IN3(2, 3, 3), IN2(8, 3), IN2(8, 2), IN1(8)}, b_rnn, KA(2), 0, NULL},
     {"gru over rows of 3 and 1 steps (padding)", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(3), 0, NULL},
+    {"lstm in reverse over rows of 3 and 1 steps", 4, {IN3(2, 3, 3), IN2(8, 3), IN2(8, 2), IN1(8)}, b_rnn, KA(4), 0, NULL},
+    {"gru in reverse", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(5), 0, NULL},
     {"lstm sequence with h0, c0 and every step's h and c", 5, {IN3(4, 3, 8), IN2(8, 2), IN1(8), IN2(3, 2), IN2(3, 2)}, b_lstm_seq,
      KA(1), 0, NULL},
     {"lstm sequence without bias or state", 2, {IN3(3, 2, 8), IN2(8, 2)}, b_lstm_seq, KA(0), 0, NULL},

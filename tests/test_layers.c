@@ -11,10 +11,12 @@
  *                         threads, with and without bias and state; their gradients are the
  *                         same bits whether each worker walks its own rows or the steps run
  *                         over the whole pool; bad shapes are errors.
- *   test_rnn_lengths      an LSTM and a GRU over rows of 7, 3, 1, 5 and 7 steps (dtr_rnn_config)
- *                         equal each row run alone: outputs and last states bit for bit, zeros
- *                         past each row's end (a huge gradient there changes nothing), the
- *                         weights' gradients within 1e-5; lengths outside 1..T are errors.
+ *   test_rnn_lengths      an LSTM and a GRU over rows of 7, 3, 1, 5 and 7 steps (dtr_rnn_config),
+ *                         forward and in reverse (each row's steps reversed, its outputs
+ *                         reversed back), equal each row run alone: outputs and last states bit
+ *                         for bit, zeros past each row's end (a huge gradient there changes
+ *                         nothing), the weights' gradients within 1e-4; lengths outside 1..T
+ *                         are errors.
  *   test_rnn_learns       an LSTM and a GRU learn to add two numbers shown at marked steps of
  *                         a noisy sequence (a memory task a feed-forward net cannot do).
  *   test_group_norm_torch dtr_group_norm and its layer against F.group_norm, with the
@@ -338,12 +340,12 @@ enum { PL_B = 5, PL_T = 7, PL_I = 4, PL_H = 6 };
 /* the layer (LSTM or GRU) over x (rows, T, I) with lengths (or NULL): y, the last h and c read into
    the arrays; the weights' gradients of sum(y * dy) + sum(h * dh) (dy and dh of those rows) into gw */
 static void padded_run(dtr_context *ctx, dtr_model *m, int gru, const dtr_lstm_layer *ll, const dtr_gru_layer *gl, const float *x,
-                       int64_t rows, int64_t T, const int32_t *lengths, const float *dy, const float *dh, float *y, float *h, float *c,
-                       float *gw) {
+                       int64_t rows, int64_t T, const int32_t *lengths, int reverse, const float *dy, const float *dh, float *y, float *h,
+                       float *c, float *gw) {
     dtr_rnn_config cfg = dtr_rnn_config_init();
     int64_t xs[3] = {rows, T, PL_I}, ys[3] = {rows, T, PL_H}, hs[2] = {rows, PL_H};
     dtr_tensor *X = dtr_tensor_from(ctx, DTR_F32, 3, xs, x), *Y, *Hn = NULL, *Cn = NULL, *l;
-    cfg.lengths = lengths;
+    cfg.lengths = lengths, cfg.reverse = reverse;
     dtr_model_zero_grad(m);
     Y = gru ? dtr_gru_layer_forward_ex(ctx, gl, X, NULL, &cfg, &Hn) : dtr_lstm_layer_forward_ex(ctx, ll, X, NULL, NULL, &cfg, &Hn, &Cn);
     l = dtr_add(ctx, dtr_sum_all(ctx, dtr_mul(ctx, Y, dtr_tensor_from(ctx, DTR_F32, 3, ys, dy))),
@@ -356,10 +358,17 @@ static void padded_run(dtr_context *ctx, dtr_model *m, int gru, const dtr_lstm_l
     dtr_context_reset(ctx);
 }
 
-/* A batch of rows of 7, 3, 1, 5 and 7 steps equals each row run alone over its own steps: the
-   outputs and last states bit for bit (zeros past each row's length), the weights' gradients
-   within 1e-5 (summed in another order); lengths outside 1..T are errors. */
-static void check_padded(int gru) {
+/* rows n steps of x (T, I) in reverse order, into xr */
+static void reverse_steps(const float *x, int n, int width, float *xr) {
+    int t;
+    for (t = 0; t < n; t++) memcpy(xr + t * width, x + (n - 1 - t) * width, (size_t)width * sizeof(float));
+}
+
+/* A batch of rows of 7, 3, 1, 5 and 7 steps equals each row run alone over its own steps (in
+   reverse: over its steps reversed, its outputs reversed back): the outputs and last states bit
+   for bit (zeros past each row's length), the weights' gradients within 1e-4 (summed in another
+   order); lengths outside 1..T are errors. */
+static void check_padded(int gru, int rev) {
     static const int32_t len[PL_B] = {7, 3, 1, 5, 7};
     float x[PL_B * PL_T * PL_I], dy[PL_B * PL_T * PL_H], dh[PL_B * PL_H], y[PL_B * PL_T * PL_H], h[PL_B * PL_H], c[PL_B * PL_H];
     float y1[PL_T * PL_H], h1[PL_H], c1[PL_H], gw[2048], gsum[2048] = {0}, g1[2048];
@@ -378,9 +387,13 @@ static void check_padded(int gru) {
     fill(x, PL_B * PL_T * PL_I, 1.0, 0.77, 0.3, 0), fill(dy, PL_B * PL_T * PL_H, 1.0, 0.41, 0.9, 1), fill(dh, PL_B * PL_H, 1.0, 0.93, 0.2, 0);
     for (b = 0; b < PL_B; b++)   /* the padding's gradient is never used: make it loud */
         for (k = len[b] * PL_H; k < PL_T * PL_H; k++) dy[b * PL_T * PL_H + k] = 1e6f;
-    padded_run(ctx, m, gru, &ll, &gl, x, PL_B, PL_T, len, dy, dh, y, h, c, gw);
+    padded_run(ctx, m, gru, &ll, &gl, x, PL_B, PL_T, len, rev, dy, dh, y, h, c, gw);
     for (b = 0; b < PL_B; b++) {
-        padded_run(ctx, m, gru, &ll, &gl, x + b * PL_T * PL_I, 1, len[b], NULL, dy + b * PL_T * PL_H, dh + b * PL_H, y1, h1, c1, g1);
+        float xr[PL_T * PL_I], dyr[PL_T * PL_H], yr[PL_T * PL_H];
+        reverse_steps(x + b * PL_T * PL_I, rev ? len[b] : 0, PL_I, xr), reverse_steps(dy + b * PL_T * PL_H, rev ? len[b] : 0, PL_H, dyr);
+        padded_run(ctx, m, gru, &ll, &gl, rev ? xr : x + b * PL_T * PL_I, 1, len[b], NULL, 0, rev ? dyr : dy + b * PL_T * PL_H, dh + b * PL_H,
+                   y1, h1, c1, g1);
+        if (rev) reverse_steps(y1, len[b], PL_H, yr), memcpy(y1, yr, (size_t)(len[b] * PL_H) * sizeof(float));
         bad += memcmp(y + b * PL_T * PL_H, y1, (size_t)(len[b] * PL_H) * sizeof(float)) != 0;
         for (k = len[b] * PL_H; k < PL_T * PL_H; k++) bad += y[b * PL_T * PL_H + k] != 0.0f;
         bad += memcmp(h + b * PL_H, h1, sizeof h1) != 0 || (!gru && memcmp(c + b * PL_H, c1, sizeof c1) != 0);
@@ -390,8 +403,9 @@ static void check_padded(int gru) {
         double d = fabs((double)gw[k] - gsum[k]) / (fabs(gsum[k]) + 1e-3);
         if (d > worst) worst = d;
     }
-    CHECK_MSG(bad == 0, "%s: %d rows differ from the rows run alone", gru ? "gru" : "lstm", bad);
-    CHECK_MSG(worst < 1e-5, "%s: the weights' gradients differ from the rows' sum by %g", gru ? "gru" : "lstm", worst);
+    CHECK_MSG(bad == 0, "%s%s: %d rows differ from the rows run alone", gru ? "gru" : "lstm", rev ? " in reverse" : "", bad);
+    CHECK_MSG(worst < 1e-4, "%s%s: the weights' gradients differ from the rows' sum by %g", gru ? "gru" : "lstm", rev ? " in reverse" : "",
+              worst);
     {
         static const int32_t zero[PL_B] = {7, 0, 1, 5, 7}, over[PL_B] = {7, 3, 8, 5, 7};
         dtr_rnn_config cfg = dtr_rnn_config_init();
@@ -411,8 +425,10 @@ static void check_padded(int gru) {
 }
 
 static void test_rnn_lengths(void) {
-    check_padded(0);
-    check_padded(1);
+    check_padded(0, 0);
+    check_padded(1, 0);
+    check_padded(0, 1);
+    check_padded(1, 1);
 }
 
 /* ---- learning: the sum of the two values marked in a sequence of 12 noisy steps ---- */

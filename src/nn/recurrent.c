@@ -157,20 +157,38 @@ static dtr_tensor *dtr__rnn_mask(dtr_context *ctx, const char *fn, dtr_tensor *y
     return mask ? dtr_mul(ctx, y, mask) : NULL;
 }
 
+/* x (T, B, F) with each row's first len[b] steps (all T without len) in reverse order, the
+   padding after them where it was: a gather along time (its gradient goes back the same way) */
+static dtr_tensor *dtr__rnn_reverse(dtr_context *ctx, const char *fn, dtr_tensor *x, const int32_t *len) {
+    int64_t T = x->shape[0], B = x->shape[1], F = x->shape[2], t, b, f;
+    int32_t *idx = (int32_t *)dtr__arena_meta(ctx, (size_t)(T * B * F) * sizeof(int32_t), fn);
+    if (!idx) return NULL;
+    for (t = 0; t < T; t++)
+        for (b = 0; b < B; b++) {
+            int64_t n = len ? len[b] : T, from = t < n ? n - 1 - t : t;
+            for (f = 0; f < F; f++) idx[(t * B + b) * F + f] = (int32_t)from;
+        }
+    return dtr_gather(ctx, x, 0, dtr_tensor_from(ctx, DTR_I32, 3, x->shape, idx));
+}
+
 /* The recurrence `op` (DTR_OP_LSTM, DTR_OP_GRU; weights w: ih, hh, bias ih, bias hh) over x (B,
    T, I) as one op on the time-major sequence: x's gates in one GEMM over all steps, then the
    op. Returns h (B, T, H) in x's layout, zero past each row's length (cfg), and the state after
-   each row's last step in *h_out, *c_out (a padded row's state is carried to the end). */
+   each row's last step in *h_out, *c_out (a padded row's state is carried to the end). In
+   reverse (cfg), each row's steps are reversed before and its outputs back after. */
 static dtr_tensor *dtr__rnn_layer_run(dtr_context *ctx, const char *fn, int op, dtr_tensor *const *w, dtr_tensor *x, dtr_tensor *h,
                                       dtr_tensor *c, const dtr_rnn_config *cfg, dtr_tensor **h_out, dtr_tensor **c_out) {
     int64_t T = x->shape[1], H = w[1]->shape[1];
     const int32_t *len = cfg ? cfg->lengths : NULL;
-    dtr_tensor *gx, *out, *hs, *y;
+    int rev = cfg && cfg->reverse;
+    dtr_tensor *gx, *out, *hs, *xt, *y;
     if (len && !dtr__rnn_lengths_ok(ctx, fn, len, x->shape[0], T)) return NULL;
-    gx = dtr_linear(ctx, dtr__rnn_swap(ctx, x), w[0], w[2]);
+    xt = dtr__rnn_swap(ctx, x);
+    if (rev && xt) xt = dtr__rnn_reverse(ctx, fn, xt, len);
+    gx = xt ? dtr_linear(ctx, xt, w[0], w[2]) : NULL;
     if (!gx || !(out = dtr__rnn_sequence(ctx, fn, op, gx, w[1], w[3], h, c, len))) return NULL;
     hs = op == DTR_OP_LSTM ? dtr_slice(ctx, out, -1, 0, H) : out;
-    y = dtr__rnn_swap(ctx, hs);
+    y = dtr__rnn_swap(ctx, rev && hs ? dtr__rnn_reverse(ctx, fn, hs, len) : hs);
     if (len && y) y = dtr__rnn_mask(ctx, fn, y, len);
     if (h_out) *h_out = dtr__rnn_at(ctx, hs, T - 1);
     if (c_out) *c_out = dtr__rnn_at(ctx, dtr_slice(ctx, out, -1, H, 2 * H), T - 1);

@@ -1210,8 +1210,14 @@ typedef struct dtr_rnn_config {
     const int32_t *lengths;   /**< B host values: row b is a sequence of its first lengths[b] steps
                                    (1..T), the rest padding; NULL: every row has T steps. Read
                                    during the call. */
+    int reverse;              /**< 1: each row's steps from its last to its first (the backward
+                                   direction of a bidirectional layer: PyTorch's _reverse
+                                   weights); its output is in x's order, the last states are
+                                   those after the row's first step. 0: forward (default). */
 } dtr_rnn_config;
-/** A dtr_rnn_config with no options (every row T steps). Thread safety: any thread. */
+/** A dtr_rnn_config with no options (every row T steps, forward). A bidirectional layer is two
+ *  layers, one with reverse = 1, their outputs concatenated (dtr_concat on the last axis).
+ *  Thread safety: any thread. */
 DTR_API dtr_rnn_config dtr_rnn_config_init(void);
 /** dtr_lstm_layer_forward over a batch of sequences of different lengths (cfg->lengths; cfg
  *  NULL: as dtr_lstm_layer_forward): PyTorch's nn.LSTM on a packed sequence. Row b's steps
