@@ -3186,6 +3186,15 @@ DTR_API dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *com
  *  Thread safety: as dtr_tp_copy. */
 DTR_API dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets,
                                                      dtr_comm *comm);
+/** dtr_vocab_parallel_cross_entropy with dtr_cross_entropy_ex's settings (cfg NULL: the
+ *  defaults): targets equal to cfg->ignore_index add nothing and get no gradient (padding
+ *  tokens; every row ignored: 0), label smoothing over the whole vocabulary (each rank's logit
+ *  sums join the one all-reduce), and the reduction (DTR_LOSS_NONE: each row's loss, in the
+ *  targets' shape). The same values as dtr_cross_entropy_ex over the full logits. @return as
+ *  dtr_vocab_parallel_cross_entropy's, and DTR_INVALID_ARGUMENT (smoothing outside [0, 1), an
+ *  unknown reduction). Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_vocab_parallel_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm,
+                                                        const dtr_xent_config *cfg);
 
 /* ---- tensor parallel: layers (Megatron-LM) ----
  * Each layer splits its weights over the ranks of a tensor-parallel group `comm` (size tp):
@@ -4718,7 +4727,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4722 "dtrain.h"
+#line 4731 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5024,8 +5033,11 @@ typedef union dtr__op_params {
     dtr__upsample_params upsample;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
+    struct {
+        dtr_comm *group;              /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
                                          group (the last's rank r holds vocabulary rows r * K ..) */
+        dtr__xent_params xent;        /* VOCAB_CROSS_ENTROPY: the loss's settings, as CROSS_ENTROPY's */
+    } comm;
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -5091,22 +5103,27 @@ DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__o
 /** The vocabulary-parallel cross-entropy's local work (dtr_backend.vocab_xent; the collectives
  *  between the phases: src/ops/ops_comm.c). Shapes: x (R, K) f32, this rank's classes
  *  [start, start + K) of V; t (R) int32; s: the rows' M, Z, T, R floats each; all of it in
- *  the backend's memory.
+ *  the backend's memory. s: the rows' M, Z, T, S, R floats each, then the loss's divisor D.
  *    DTR__VXENT_MAX   M[r] = max_k x[r, k]                 (then all-reduce MAX of M)
  *    DTR__VXENT_SUMS  Z[r] = sum_k exp(x[r, k] - M[r]) (summed in double), T[r] = x[r, t[r] -
- *                     start] where this rank holds t[r], else 0   (then all-reduce SUM of Z, T)
- *    DTR__VXENT_LOSS  y[0] = mean_r (M[r] + log Z[r] - T[r])   (rows summed in order, double)
- *    DTR__VXENT_GRAD  gx[r, k] += g[0] / R * (exp(x[r, k] - M[r]) / Z[r] - [k == t[r] - start])
- *  A target outside [0, V) is DTR_INVALID_ARGUMENT (the CPU at MAX; a device when it reports
- *  its kernels' data errors, at the next synchronisation). */
+ *                     start] where this rank holds t[r], else 0, S[r] = sum_k x[r, k] (label
+ *                     smoothing's, else 0)   (then all-reduce SUM of Z, T, S)
+ *    DTR__VXENT_LOSS  l_r = dtr__f_xent_loss(M, Z, T, S / V, eps) (0 for an ignored row); y[0] =
+ *                     their sum (rows in order, double) / D, D the rows kept (mean) or 1 (sum);
+ *                     y[r] = l_r (none, D = 1)
+ *    DTR__VXENT_GRAD  c = g[0] / D (g[r] for none); gx[r, k] += c (exp(x[r, k] - M[r]) / Z[r] -
+ *                     eps / V) - c (1 - eps) [k == t[r] - start]; ignored rows nothing
+ *  A target outside [0, V), not ignored, is DTR_INVALID_ARGUMENT (the CPU at MAX; a device
+ *  when it reports its kernels' data errors, at the next synchronisation). */
 typedef struct dtr__vxent_args {
     int64_t R, K, V, start;
     const float *x;
     const int32_t *t;
     float *s;
-    float *y;               /* LOSS: 1 float */
-    const float *g;         /* GRAD: 1 float, dL/dy */
+    float *y;               /* LOSS: 1 float (R with DTR_LOSS_NONE) */
+    const float *g;         /* GRAD: 1 float, dL/dy (R with DTR_LOSS_NONE) */
     float *gx;              /* GRAD: (R, K) */
+    dtr__xent_params p;     /* ignored targets, label smoothing, reduction (as dtr_cross_entropy_ex) */
 } dtr__vxent_args;
 enum { DTR__VXENT_MAX, DTR__VXENT_SUMS, DTR__VXENT_LOSS, DTR__VXENT_GRAD };
 /** The CPU's vocab_xent (host memory). */
@@ -5622,7 +5639,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5626 "dtrain.h"
+#line 5643 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6102,7 +6119,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6106 "dtrain.h"
+#line 6123 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6164,7 +6181,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6168 "dtrain.h"
+#line 6185 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6543,7 +6560,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6547 "dtrain.h"
+#line 6564 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6586,7 +6603,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6590 "dtrain.h"
+#line 6607 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6620,7 +6637,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6624 "dtrain.h"
+#line 6641 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6679,7 +6696,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6683 "dtrain.h"
+#line 6700 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6753,7 +6770,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6757 "dtrain.h"
+#line 6774 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6821,7 +6838,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6825 "dtrain.h"
+#line 6842 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6896,7 +6913,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6900 "dtrain.h"
+#line 6917 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7248,7 +7265,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7252 "dtrain.h"
+#line 7269 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8104,7 +8121,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8108 "dtrain.h"
+#line 8125 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8779,7 +8796,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8783 "dtrain.h"
+#line 8800 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8870,7 +8887,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8874 "dtrain.h"
+#line 8891 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9352,7 +9369,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9356 "dtrain.h"
+#line 9373 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9607,7 +9624,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9611 "dtrain.h"
+#line 9628 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9840,7 +9857,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9844 "dtrain.h"
+#line 9861 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9959,7 +9976,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9963 "dtrain.h"
+#line 9980 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10015,7 +10032,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10019 "dtrain.h"
+#line 10036 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10193,6 +10210,7 @@ static uint64_t dtr__graph_params(const dtr__node *n, uint64_t h) {
     if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) return dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);
     if (n->op == DTR_OP_MAXPOOL2D || n->op == DTR_OP_AVGPOOL2D) return dtr__fnv(h, &n->p.pool2d, sizeof n->p.pool2d);
     if (n->op == DTR_OP_CROSS_ENTROPY) return dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
+    if (n->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__fnv(h, &n->p.comm.xent, sizeof n->p.comm.xent);
     if (n->op == DTR_OP_SUM || n->op == DTR_OP_MEAN || n->op == DTR_OP_MAX || n->op == DTR_OP_ARGMAX || n->op == DTR_OP_GATHER)
         return dtr__fnv(h, &n->p.axis, sizeof n->p.axis);
     return h;
@@ -10412,7 +10430,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10416 "dtrain.h"
+#line 10434 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10677,7 +10695,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10681 "dtrain.h"
+#line 10699 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11241,7 +11259,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11245 "dtrain.h"
+#line 11263 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11423,7 +11441,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11427 "dtrain.h"
+#line 11445 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13053,7 +13071,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13057 "dtrain.h"
+#line 13075 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13960,7 +13978,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13964 "dtrain.h"
+#line 13982 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14222,7 +14240,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14226 "dtrain.h"
+#line 14244 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14267,7 +14285,7 @@ static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tenso
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->p.comm = comm;
+    n->p.comm.group = comm;
     memcpy(shape, x->shape, sizeof shape);
     if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, shape, name);
@@ -14279,22 +14297,35 @@ dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { retur
 dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
 dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_GATHER, "dtr_tp_gather", x, comm); }
 
-dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
+dtr_tensor *dtr_vocab_parallel_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm,
+                                                 const dtr_xent_config *cfg) {
     static const char name[] = "dtr_vocab_parallel_cross_entropy";
+    dtr_xent_config c = cfg ? *cfg : dtr_xent_config_init();
     dtr__node *n;
     if (!ctx) return NULL;
     if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f) || c.reduction < DTR_LOSS_MEAN || c.reduction > DTR_LOSS_NONE)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: label smoothing %g must be in [0, 1) and the reduction (%d) mean, sum or none",
+                          name, (double)c.label_smoothing, (int)c.reduction);
     n = dtr__xent_node(ctx, DTR_OP_VOCAB_CROSS_ENTROPY, name, logits, targets);
     if (!n) return NULL;
-    n->p.comm = comm;
+    n->p.comm.group = comm;
+    n->p.comm.xent.ignore_index = c.ignore_index, n->p.comm.xent.smoothing = c.label_smoothing, n->p.comm.xent.reduction = (int)c.reduction;
+    if (c.reduction == DTR_LOSS_NONE &&   /* each row's loss, in the targets' shape */
+        !(n->out = dtr__tensor_alloc(ctx, DTR_F32, n->in[1]->ndim, n->in[1]->shape, name)))
+        return NULL;
     return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
+    return dtr_vocab_parallel_cross_entropy_ex(ctx, logits, targets, comm, NULL);
 }
 
 /* in-place reduction over the group, with the group's error on the context */
 static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n, dtr_reduce_op op) {
-    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, op);
+    dtr_result r = dtr_comm_all_reduce(nd->p.comm.group, buf, buf, (size_t)n, DTR_F32, op);
     if (r != DTR_OK)
-        return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm));
+        return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm.group));
     return DTR_OK;
 }
 
@@ -14308,23 +14339,24 @@ static dtr__vxent_args dtr__vxent_of(const dtr__node *nd) {
     memset(&a, 0, sizeof a);
     a.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
     a.R = a.K ? dtr_tensor_numel(nd->in[0]) / a.K : 0;
-    a.V = a.K * dtr_comm_size(nd->p.comm);
-    a.start = (int64_t)dtr_comm_rank(nd->p.comm) * a.K;
+    a.V = a.K * dtr_comm_size(nd->p.comm.group);
+    a.start = (int64_t)dtr_comm_rank(nd->p.comm.group) * a.K;
     a.x = dtr__f32(nd->in[0]);
     a.t = dtr__i32(nd->in[1]);
+    a.p = nd->p.comm.xent;
     return a;
 }
 
-/* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family) */
+/* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family): M, Z, T, S and D */
 static size_t dtr__comm_saved_bytes(const dtr__node *nd) {
-    return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(3 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
+    return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(4 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
 }
 
 static dtr_result dtr__vxent_max(dtr_context *ctx, const dtr__vxent_args *a) {
     float *M = a->s;
     int64_t r;
     for (r = 0; r < a->R; r++)
-        if (a->t[r] < 0 || a->t[r] >= a->V)
+        if (a->t[r] != a->p.ignore_index && (a->t[r] < 0 || a->t[r] >= a->V))
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
                              (long long)r, (int)a->t[r], (long long)a->V);
     for (r = 0; r < a->R; r++)
@@ -14334,43 +14366,60 @@ static dtr_result dtr__vxent_max(dtr_context *ctx, const dtr__vxent_args *a) {
 
 static void dtr__vxent_sums(const dtr__vxent_args *a) {
     const float *M = a->s;
-    float *Z = a->s + a->R, *T = Z + a->R;
+    float *Z = a->s + a->R, *T = Z + a->R, *S = T + a->R;
     int64_t r, k;
     for (r = 0; r < a->R; r++) {
-        double s = 0.0;
+        double s = 0.0, sx = 0.0;
         int64_t own = a->t[r] - a->start;
         for (k = 0; k < a->K; k++) s += dtr__f_xent_term(a->x[r * a->K + k], M[r]);
-        Z[r] = (float)s;
+        for (k = 0; a->p.smoothing > 0.0f && k < a->K; k++) sx += a->x[r * a->K + k];
+        Z[r] = (float)s, S[r] = (float)sx;
         T[r] = own >= 0 && own < a->K ? a->x[r * a->K + own] : 0.0f;
     }
 }
 
 static void dtr__vxent_grad(const dtr__vxent_args *a) {
-    const float *M = a->s, *Z = M + a->R;
-    float c = a->g[0] / (float)a->R;
+    const float *M = a->s, *Z = M + a->R, *D = Z + 3 * a->R;
+    float eps = a->p.smoothing;
     int64_t r, k;
     for (r = 0; r < a->R; r++) {
         int64_t own = a->t[r] - a->start;
-        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (dtr__f_xent_term(a->x[r * a->K + k], M[r]) / Z[r]);
-        if (own >= 0 && own < a->K) a->gx[r * a->K + own] -= c;
+        float c = a->p.reduction == DTR_LOSS_NONE ? a->g[r] : a->g[0] / D[0], d = c * eps / (float)a->V;
+        if (a->t[r] == a->p.ignore_index) continue;
+        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (dtr__f_xent_term(a->x[r * a->K + k], M[r]) / Z[r]) - d;
+        if (own >= 0 && own < a->K) a->gx[r * a->K + own] -= c * (1.0f - eps);
     }
 }
 
+/* LOSS: each row's loss (an ignored row's 0), then their mean, sum or each, and the divisor */
+static void dtr__vxent_loss(const dtr__vxent_args *a) {
+    const float *M = a->s, *Z = M + a->R, *T = Z + a->R, *S = T + a->R;
+    float *D = a->s + 4 * a->R;
+    double loss = 0.0, l;
+    int64_t r, kept = 0;
+    for (r = 0; r < a->R; r++) {
+        if (a->t[r] == a->p.ignore_index) {
+            if (a->p.reduction == DTR_LOSS_NONE) a->y[r] = 0.0f;
+            continue;
+        }
+        l = dtr__f_xent_loss(M[r], (double)Z[r], T[r], (double)S[r] / (double)a->V, a->p.smoothing);
+        if (a->p.reduction == DTR_LOSS_NONE) a->y[r] = (float)l;
+        loss += l, kept++;
+    }
+    D[0] = a->p.reduction == DTR_LOSS_MEAN ? (float)kept : 1.0f;
+    if (a->p.reduction != DTR_LOSS_NONE) a->y[0] = kept ? (float)(loss / (double)D[0]) : 0.0f;
+}
+
 dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
-    const float *M = a->s, *Z = M + a->R, *T = Z + a->R;
-    double loss = 0.0;
-    int64_t r;
     if (phase == DTR__VXENT_MAX) return dtr__vxent_max(ctx, a);
     if (phase == DTR__VXENT_SUMS) dtr__vxent_sums(a);
     if (phase == DTR__VXENT_GRAD && a->gx && a->R) dtr__vxent_grad(a);
-    if (phase != DTR__VXENT_LOSS) return DTR_OK;
-    for (r = 0; r < a->R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
-    a->y[0] = a->R ? (float)(loss / (double)a->R) : 0.0f;
+    if (phase == DTR__VXENT_LOSS) dtr__vxent_loss(a);
     return DTR_OK;
 }
 
-/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
-   block given in nd->saved, or the node's); the local work by kernel k (the CPU's on host
+/* saved: the rows' global max M, sum of exp(x - M) Z, target logit T and logit sum S, R floats
+   each, and the loss's divisor (a block given in nd->saved, or the node's); the local work by kernel k (the CPU's on host
    memory, the backend's vocab_xent on its own), the group's all-reduces between */
 static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn k) {
     dtr__vxent_args a = dtr__vxent_of(nd);
@@ -14379,7 +14428,7 @@ static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn 
     if (!a.s) return ctx->status;
     nd->saved = a.s, a.y = dtr__f32(nd->out);
     if ((r = k(ctx, &a, DTR__VXENT_MAX)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s, a.R, DTR_REDUCE_MAX)) != DTR_OK ||
-        (r = k(ctx, &a, DTR__VXENT_SUMS)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s + a.R, 2 * a.R, DTR_REDUCE_SUM)) != DTR_OK)
+        (r = k(ctx, &a, DTR__VXENT_SUMS)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s + a.R, 3 * a.R, DTR_REDUCE_SUM)) != DTR_OK)
         return r;
     return k(ctx, &a, DTR__VXENT_LOSS);
 }
@@ -14395,23 +14444,23 @@ static dtr_result dtr__vxent_bwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn 
 /* rows of width w: rank k's row r lands at y[r * N * w + k * w] */
 static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm.group), k;
     float *buf = (float *)dtr__malloc(&ctx->alloc, (size_t)(n * N + 1) * sizeof(float)), *y = dtr__f32(nd->out);
     dtr_result res;
     if (!buf) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_gather: out of memory");
-    res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    res = dtr_comm_all_gather(nd->p.comm.group, dtr__f32(x), buf, (size_t)n, DTR_F32);
     for (k = 0; res == DTR_OK && w && k < N; k++)
         for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
     dtr__free(&ctx->alloc, buf);
     if (res != DTR_OK)
-        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm.group));
     return DTR_OK;
 }
 
 static dtr_result dtr__gather_bwd(dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), i;
-    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w;
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm.group), i;
+    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm.group) * w;
     float *gx = dtr__gradof(x);
     if (gx && w)
         for (i = 0; i < n; i++) gx[i] += g[i / w * N * w + i % w];
@@ -14481,10 +14530,10 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
     char *at;
     int i;
     im->block = NULL;
-    if (nd->p.comm && !dtr__comm_takes_host(nd->p.comm))   /* a device transport that takes no host image */
+    if (nd->p.comm.group && !dtr__comm_takes_host(nd->p.comm.group))   /* a device transport that takes no host image */
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: the group's transport (%s) takes device memory only and its "
                          "context's backend cannot stage host buffers (no `owns` slot)", dtr__op_name(nd->op),
-                         dtr_comm_transport_name(nd->p.comm));
+                         dtr_comm_transport_name(nd->p.comm.group));
     im->block = at = (char *)dtr__malloc(&ctx->alloc, dtr__comm_images_bytes(nd));
     if (!at) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for host images", dtr__op_name(nd->op));
     im->n = *nd;
@@ -14507,7 +14556,7 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
    the cross-entropy's local work by the backend's vocab_xent ---- */
 
 static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
-    return nd->p.comm && nd->p.comm->mem_ctx == ctx &&
+    return nd->p.comm.group && nd->p.comm.group->mem_ctx == ctx &&
            (nd->op != DTR_OP_VOCAB_CROSS_ENTROPY || ctx->backend->vocab_xent);
 }
 
@@ -14515,12 +14564,12 @@ static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
    k's rows of width w to columns k * w .. of y's rows (one strided copy per rank) */
 static dtr_result dtr__gather_direct_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), k;
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm.group), k;
     float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
     size_t ws = (size_t)w * sizeof(float);
-    dtr_result r = buf ? dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32) : ctx->status;
+    dtr_result r = buf ? dtr_comm_all_gather(nd->p.comm.group, dtr__f32(x), buf, (size_t)n, DTR_F32) : ctx->status;
     if (buf && r != DTR_OK)
-        return dtr__fail(ctx, r, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+        return dtr__fail(ctx, r, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm.group));
     for (k = 0; r == DTR_OK && w && k < N; k++) r = dtr__mem_copy2d(ctx, y + k * w, (size_t)N * ws, buf + k * n, ws, ws, (size_t)(n / w));
     return r;
 }
@@ -14528,13 +14577,13 @@ static dtr_result dtr__gather_direct_fwd(dtr_context *ctx, dtr__node *nd) {
 /* TP_GATHER: gx += this rank's columns of gy, gathered into a dense block first */
 static dtr_result dtr__gather_direct_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm);
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm.group);
     float *gx = dtr__gradof(x), *slice;
     size_t ws = (size_t)w * sizeof(float);
     dtr_result r;
     if (!gx || !w || !n) return DTR_OK;
     if (!(slice = (float *)dtr__arena_data(ctx, (size_t)n * sizeof(float), "dtr_tp_gather backward"))) return ctx->status;
-    r = dtr__mem_copy2d(ctx, slice, ws, nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w, (size_t)N * ws, ws, (size_t)(n / w));
+    r = dtr__mem_copy2d(ctx, slice, ws, nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm.group) * w, (size_t)N * ws, ws, (size_t)(n / w));
     return r == DTR_OK ? ctx->backend->reduce(ctx, gx, gx, slice, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1) : r;
 }
 
@@ -14592,7 +14641,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14596 "dtrain.h"
+#line 14645 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14726,7 +14775,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14730 "dtrain.h"
+#line 14779 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15503,7 +15552,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15507 "dtrain.h"
+#line 15556 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15895,7 +15944,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15899 "dtrain.h"
+#line 15948 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16171,7 +16220,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16175 "dtrain.h"
+#line 16224 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16413,7 +16462,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16417 "dtrain.h"
+#line 16466 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16668,7 +16717,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16672 "dtrain.h"
+#line 16721 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17213,7 +17262,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17217 "dtrain.h"
+#line 17266 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17351,7 +17400,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17355 "dtrain.h"
+#line 17404 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17698,7 +17747,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17702 "dtrain.h"
+#line 17751 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17764,7 +17813,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17768 "dtrain.h"
+#line 17817 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18001,7 +18050,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18005 "dtrain.h"
+#line 18054 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18750,7 +18799,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18754 "dtrain.h"
+#line 18803 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19203,7 +19252,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19207 "dtrain.h"
+#line 19256 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19259,7 +19308,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19263 "dtrain.h"
+#line 19312 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20036,7 +20085,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20040 "dtrain.h"
+#line 20089 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20617,7 +20666,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20621 "dtrain.h"
+#line 20670 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21248,7 +21297,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21252 "dtrain.h"
+#line 21301 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22044,7 +22093,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22048 "dtrain.h"
+#line 22097 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22397,7 +22446,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22401 "dtrain.h"
+#line 22450 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22587,7 +22636,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22591 "dtrain.h"
+#line 22640 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22768,7 +22817,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22772 "dtrain.h"
+#line 22821 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23543,7 +23592,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23547 "dtrain.h"
+#line 23596 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24060,7 +24109,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24064 "dtrain.h"
+#line 24113 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24855,7 +24904,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24859 "dtrain.h"
+#line 24908 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26103,7 +26152,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26107 "dtrain.h"
+#line 26156 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26725,7 +26774,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26729 "dtrain.h"
+#line 26778 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27226,7 +27275,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27230 "dtrain.h"
+#line 27279 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -27956,7 +28005,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 27960 "dtrain.h"
+#line 28009 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28192,7 +28241,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28196 "dtrain.h"
+#line 28245 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28321,7 +28370,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28325 "dtrain.h"
+#line 28374 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28758,7 +28807,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28762 "dtrain.h"
+#line 28811 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29251,7 +29300,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29255 "dtrain.h"
+#line 29304 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29800,7 +29849,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29804 "dtrain.h"
+#line 29853 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30306,7 +30355,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30310 "dtrain.h"
+#line 30359 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31855,7 +31904,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31859 "dtrain.h"
+#line 31908 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31909,7 +31958,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31913 "dtrain.h"
+#line 31962 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33087,7 +33136,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33091 "dtrain.h"
+#line 33140 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -33990,7 +34039,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 33994 "dtrain.h"
+#line 34043 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35468,7 +35517,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35472 "dtrain.h"
+#line 35521 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35861,7 +35910,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35865 "dtrain.h"
+#line 35914 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36010,7 +36059,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36014 "dtrain.h"
+#line 36063 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

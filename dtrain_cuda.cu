@@ -840,46 +840,64 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- vocabulary-parallel cross-entropy's local work (dtr__vxent_args; the phases and the
    collectives between them: src/ops/ops_comm.c): one block per row ---- */
 
-/* MAX: M[r]; SUMS: Z[r] (double), T[r]. A target outside [0, V) is flagged at MAX. */
+/* MAX: M[r]; SUMS: Z[r] (double), T[r], S[r] (smoothing's logit sum, double). A target outside
+   [0, V), not ignored, is flagged at MAX. */
 __global__ static void dtr__cuda_vxent_rows_k(dtr__vxent_args a, int phase, int *err) {
-    float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
+    float *M = a.s, *Z = a.s + a.R, *T = Z + a.R, *S = T + a.R;
     for (int64_t r = blockIdx.x; r < a.R; r += gridDim.x) {
         const float *x = a.x + r * a.K;
         int64_t own = (int64_t)a.t[r] - a.start;
         if (phase == DTR__VXENT_MAX) {
             float mx = -INFINITY;
-            if (threadIdx.x == 0 && (a.t[r] < 0 || a.t[r] >= a.V)) dtr__cuda_flag(err, DTR_OP_VOCAB_CROSS_ENTROPY, r);
+            if (threadIdx.x == 0 && a.t[r] != a.p.ignore_index && (a.t[r] < 0 || a.t[r] >= a.V))
+                dtr__cuda_flag(err, DTR_OP_VOCAB_CROSS_ENTROPY, r);
             for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) mx = fmaxf(mx, x[k]);
             mx = dtr__cuda_block_max(mx);
             if (threadIdx.x == 0) M[r] = mx;
             continue;
         }
-        double sum = 0.0;
+        double sum = 0.0, sx = 0.0;
         for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sum += (double)dtr__f_xent_term(x[k], M[r]);
         sum = dtr__cuda_block_sum(sum);
-        if (threadIdx.x == 0) Z[r] = (float)sum, T[r] = own >= 0 && own < a.K ? x[own] : 0.0f;
+        if (a.p.smoothing > 0.0f) {
+            for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sx += (double)x[k];
+            sx = dtr__cuda_block_sum(sx);
+        }
+        if (threadIdx.x == 0) Z[r] = (float)sum, T[r] = own >= 0 && own < a.K ? x[own] : 0.0f, S[r] = (float)sx;
     }
 }
 
-/* LOSS: the rows' mean, summed in order (one thread: the CPU's sum) */
+/* LOSS: each row's loss, their mean, sum or each, and the divisor D (one thread: the CPU's sum) */
 __global__ static void dtr__cuda_vxent_loss_k(dtr__vxent_args a) {
-    const float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
-    double loss = 0.0;
+    const float *M = a.s, *Z = a.s + a.R, *T = Z + a.R, *S = T + a.R;
+    double loss = 0.0, l;
+    int64_t kept = 0;
     if (threadIdx.x || blockIdx.x) return;
-    for (int64_t r = 0; r < a.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
-    a.y[0] = a.R ? (float)(loss / (double)a.R) : 0.0f;
+    for (int64_t r = 0; r < a.R; r++) {
+        if (a.t[r] == a.p.ignore_index) {
+            if (a.p.reduction == DTR_LOSS_NONE) a.y[r] = 0.0f;
+            continue;
+        }
+        l = dtr__f_xent_loss(M[r], (double)Z[r], T[r], (double)S[r] / (double)a.V, a.p.smoothing);
+        if (a.p.reduction == DTR_LOSS_NONE) a.y[r] = (float)l;
+        loss += l, kept++;
+    }
+    a.s[4 * a.R] = a.p.reduction == DTR_LOSS_MEAN ? (float)kept : 1.0f;
+    if (a.p.reduction != DTR_LOSS_NONE) a.y[0] = kept ? (float)(loss / (double)a.s[4 * a.R]) : 0.0f;
 }
 
-/* GRAD: block (column chunk, row) */
+/* GRAD: block (column chunk, row); ignored rows nothing */
 __global__ static void dtr__cuda_vxent_grad_k(dtr__vxent_args a) {
     const float *M = a.s, *Z = a.s + a.R;
-    float c = a.g[0] / (float)a.R;
+    float eps = a.p.smoothing;
     for (int64_t r = blockIdx.y; r < a.R; r += gridDim.y) {
         int64_t own = (int64_t)a.t[r] - a.start;
+        float c = a.p.reduction == DTR_LOSS_NONE ? a.g[r] : a.g[0] / a.s[4 * a.R], d = c * eps / (float)a.V;
+        if (a.t[r] == a.p.ignore_index) continue;
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < a.K; k += (int64_t)gridDim.x * blockDim.x) {
             int64_t i = r * a.K + k;
-            float v = a.gx[i] + c * (dtr__f_xent_term(a.x[i], M[r]) / Z[r]);
-            if (k == own) v -= c;
+            float v = a.gx[i] + (c * (dtr__f_xent_term(a.x[i], M[r]) / Z[r]) - d);
+            if (k == own) v -= c * (1.0f - eps);
             a.gx[i] = v;
         }
     }
@@ -1405,7 +1423,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1409 "dtrain_cuda.cu"
+#line 1427 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -2056,7 +2074,7 @@ static dtr_result dtr__cuda_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return dtr__cuda_rnn_sums(ctx, nd, dA, dX);
 }
-#line 2060 "dtrain_cuda.cu"
+#line 2078 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2511,7 +2529,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2515 "dtrain_cuda.cu"
+#line 2533 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2898,7 +2916,7 @@ static dtr_result dtr__cuda_upsample_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->out->grad, gx, x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2902 "dtrain_cuda.cu"
+#line 2920 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3771,7 +3789,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3775 "dtrain_cuda.cu"
+#line 3793 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -4273,5 +4291,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4277 "dtrain_cuda.cu"
+#line 4295 "dtrain_cuda.cu"
 

@@ -519,7 +519,8 @@ static void test_device_compress(void) {
  * all-gather, strided copies, the backend's sum), the vocabulary-parallel cross-entropy too
  * (the backend's vocab_xent, the group's all-reduces of the rows' statistics): 6 SGD steps
  * of column -> gelu -> row -> (column gathered: MSE) + (column head: vocabulary-parallel
- * cross-entropy) on ranks of the simulated device end with the bits of CPU ranks over a host
+ * cross-entropy, plain and with an ignored row, label smoothing and a sum) on ranks of the
+ * simulated device end with the bits of CPU ranks over a host
  * group, and copy nothing to the host but the parameters read at the end; a target outside
  * the vocabulary fails every rank with DTR_INVALID_ARGUMENT */
 
@@ -536,8 +537,10 @@ static void rk_tp(rk *r) {
     dtr_tp_linear t1, t2, t3, head;
     const int64_t xs[2] = {4, TPC}, ts[1] = {4};
     float x[4 * TPC], y[4 * TPC];
-    int32_t tgt[4];
+    int32_t tgt[4], tgt2[4];
+    dtr_xent_config xc = dtr_xent_config_init();
     int s, i;
+    xc.ignore_index = -1, xc.label_smoothing = 0.1f, xc.reduction = DTR_LOSS_SUM;
     RK_OK(r, dtr_model_create(ctx, 3, &m));
     RK_OK(r, dtr_tp_column_linear_init(&t1, m, r->c, "t1", TPC, 2 * TPC, 1, DTR_INIT_TORCH_DEFAULT, 0));
     RK_OK(r, dtr_tp_row_linear_init(&t2, m, r->c, "t2", 2 * TPC, TPC, 1, DTR_INIT_TORCH_DEFAULT));
@@ -547,12 +550,15 @@ static void rk_tp(rk *r) {
     for (s = 0; s < 6 && opt; s++) {
         dtr_tensor *h, *loss;
         for (i = 0; i < 4 * TPC; i++) x[i] = val(7, (size_t)(s * 100 + i), 1), y[i] = 0.1f * val(8, (size_t)(s * 100 + i), 2);
-        for (i = 0; i < 4; i++) tgt[i] = (int32_t)((s * 5 + i * 3) % TPV);
+        for (i = 0; i < 4; i++) tgt[i] = (int32_t)((s * 5 + i * 3) % TPV), tgt2[i] = i == s % 4 ? -1 : tgt[i];
         h = dtr_tensor_from(ctx, DTR_F32, 2, xs, x);
         h = dtr_tp_linear_forward(ctx, &t2, dtr_gelu(ctx, dtr_tp_linear_forward(ctx, &t1, h)));
         loss = dtr_add(ctx, dtr_mse(ctx, dtr_tp_linear_forward(ctx, &t3, h), dtr_tensor_from(ctx, DTR_F32, 2, xs, y)),
                        dtr_vocab_parallel_cross_entropy(ctx, dtr_tp_linear_forward(ctx, &head, h),
                                                         dtr_tensor_from(ctx, DTR_I32, 1, ts, tgt), r->c));
+        loss = dtr_add(ctx, loss,   /* again with a row ignored, label smoothing, summed */
+                       dtr_vocab_parallel_cross_entropy_ex(ctx, dtr_tp_linear_forward(ctx, &head, h),
+                                                           dtr_tensor_from(ctx, DTR_I32, 1, ts, tgt2), r->c, &xc));
         RK_CHECK(r, loss != NULL);
         if (!loss) break;
         RK_OK(r, dtr_backward(ctx, loss));

@@ -575,12 +575,17 @@ static dtr_tensor *b_tp(dtr_context *c, dtr_tensor **x, void *u) {
     return k == 2 ? dtr_tp_gather(c, h, g_comm1) : k ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
 }
 
-/* the vocabulary-parallel cross-entropy on a group of one rank: dtr_cross_entropy's value */
+/* the vocabulary-parallel cross-entropy on a group of one rank: dtr_cross_entropy's value; arg
+   1: row 3 ignored (-100), smoothing 0.2, summed; arg 2: a row ignored (7), per-row losses */
 static dtr_tensor *b_vxent(dtr_context *c, dtr_tensor **x, void *u) {
-    static const int32_t t[6] = {0, 4, 2, 2, 1, 3};
+    static const int32_t t[6] = {0, 4, 2, 2, 1, 3}, ti[6] = {0, 4, 2, -100, 1, 3}, t7[6] = {0, 7, 2, 2, 1, 3};
+    dtr_xent_config cfg = dtr_xent_config_init();
     int64_t n = 6;
-    (void)u;
-    return dtr_vocab_parallel_cross_entropy(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, t), g_comm1);
+    int k = *(int *)u;
+    if (k == 0) return dtr_vocab_parallel_cross_entropy(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, t), g_comm1);
+    if (k == 1) cfg.label_smoothing = 0.2f, cfg.reduction = DTR_LOSS_SUM;
+    else cfg.ignore_index = 7, cfg.reduction = DTR_LOSS_NONE;
+    return dtr_vocab_parallel_cross_entropy_ex(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, k == 1 ? ti : t7), g_comm1, &cfg);
 }
 
 /* ---- the table ---- */
@@ -804,6 +809,8 @@ static const op_case CASES[] = {
     {"tp_reduce (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(1), 0, NULL},
     {"tp_gather (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(2), 0, NULL},
     {"vocab_cross_entropy (1 rank)", 1, {IN2(6, 5)}, b_vxent, K0, 0, NULL},
+    {"vocab_cross_entropy, an ignored row, smoothing 0.2, summed", 1, {IN2(6, 5)}, b_vxent, KA(1), 0, NULL},
+    {"vocab_cross_entropy, ignore_index 7, per-row losses", 1, {IN2(6, 5)}, b_vxent, KA(2), 0, NULL},
 };
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 

@@ -2,7 +2,10 @@
  * one rank training the single-device layers.
  *   test_tp_train_*   for each net (linear column -> row -> gathered column; attention, not
  *                     causal (the GPT block's is); a
- *                     vocabulary-parallel embedding, head and cross-entropy; a GPT block with
+ *                     vocabulary-parallel embedding, head and cross-entropy (the batch's
+ *                     first target class ignored as padding, label smoothing 0.1, against
+ *                     dtr_cross_entropy_ex's);
+ *                     a GPT block with
  *                     the vocabulary-parallel head and cross-entropy on top), TP 2 and 4 on thread ranks train 20 steps
  *                     (AdamW for the MLP and the embedding, SGD with attention: the k part of
  *                     qkv.bias has a gradient of exactly 0 in exact arithmetic -- softmax
@@ -126,6 +129,12 @@ static dtr_tensor *forward_loss(dtr_context *ctx, enum net kind, dtr_comm *c, co
         return dtr_mse(ctx, c ? dtr_tp_attention_forward(ctx, &L->tattn, x) : dtr_attention_layer_forward(ctx, &L->attn, x), y);
     if (kind == NET_EMBED) h = c ? dtr_tp_embedding_forward(ctx, &L->temb, ids) : dtr_embedding_layer_forward(ctx, &L->emb, ids);
     else h = c ? dtr_tp_gpt_block_forward(ctx, &L->tblock, x) : dtr_gpt_block_forward(ctx, &L->block, x);
+    if (kind == NET_EMBED) {   /* the batch's first target class ignored (as padding), label smoothing 0.1 */
+        dtr_xent_config xc = dtr_xent_config_init();
+        xc.ignore_index = b->tgt[0], xc.label_smoothing = 0.1f;
+        if (c) return dtr_vocab_parallel_cross_entropy_ex(ctx, dtr_tp_linear_forward(ctx, &L->thead, h), tgt, c, &xc);
+        return dtr_cross_entropy_ex(ctx, dtr_linear_layer_forward(ctx, &L->head, h), tgt, &xc);
+    }
     if (c) return dtr_vocab_parallel_cross_entropy(ctx, dtr_tp_linear_forward(ctx, &L->thead, h), tgt, c);
     return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &L->head, h), tgt);
 }

@@ -172,6 +172,7 @@ static uint64_t dtr__graph_params(const dtr__node *n, uint64_t h) {
     if (n->op == DTR_OP_CONV2D || n->op == DTR_OP_CONV_TRANSPOSE2D) return dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);
     if (n->op == DTR_OP_MAXPOOL2D || n->op == DTR_OP_AVGPOOL2D) return dtr__fnv(h, &n->p.pool2d, sizeof n->p.pool2d);
     if (n->op == DTR_OP_CROSS_ENTROPY) return dtr__fnv(h, &n->p.xent, sizeof n->p.xent);
+    if (n->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__fnv(h, &n->p.comm.xent, sizeof n->p.comm.xent);
     if (n->op == DTR_OP_SUM || n->op == DTR_OP_MEAN || n->op == DTR_OP_MAX || n->op == DTR_OP_ARGMAX || n->op == DTR_OP_GATHER)
         return dtr__fnv(h, &n->p.axis, sizeof n->p.axis);
     return h;

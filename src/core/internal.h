@@ -300,8 +300,11 @@ typedef union dtr__op_params {
     dtr__upsample_params upsample;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
+    struct {
+        dtr_comm *group;              /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
                                          group (the last's rank r holds vocabulary rows r * K ..) */
+        dtr__xent_params xent;        /* VOCAB_CROSS_ENTROPY: the loss's settings, as CROSS_ENTROPY's */
+    } comm;
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -367,22 +370,27 @@ DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__o
 /** The vocabulary-parallel cross-entropy's local work (dtr_backend.vocab_xent; the collectives
  *  between the phases: src/ops/ops_comm.c). Shapes: x (R, K) f32, this rank's classes
  *  [start, start + K) of V; t (R) int32; s: the rows' M, Z, T, R floats each; all of it in
- *  the backend's memory.
+ *  the backend's memory. s: the rows' M, Z, T, S, R floats each, then the loss's divisor D.
  *    DTR__VXENT_MAX   M[r] = max_k x[r, k]                 (then all-reduce MAX of M)
  *    DTR__VXENT_SUMS  Z[r] = sum_k exp(x[r, k] - M[r]) (summed in double), T[r] = x[r, t[r] -
- *                     start] where this rank holds t[r], else 0   (then all-reduce SUM of Z, T)
- *    DTR__VXENT_LOSS  y[0] = mean_r (M[r] + log Z[r] - T[r])   (rows summed in order, double)
- *    DTR__VXENT_GRAD  gx[r, k] += g[0] / R * (exp(x[r, k] - M[r]) / Z[r] - [k == t[r] - start])
- *  A target outside [0, V) is DTR_INVALID_ARGUMENT (the CPU at MAX; a device when it reports
- *  its kernels' data errors, at the next synchronisation). */
+ *                     start] where this rank holds t[r], else 0, S[r] = sum_k x[r, k] (label
+ *                     smoothing's, else 0)   (then all-reduce SUM of Z, T, S)
+ *    DTR__VXENT_LOSS  l_r = dtr__f_xent_loss(M, Z, T, S / V, eps) (0 for an ignored row); y[0] =
+ *                     their sum (rows in order, double) / D, D the rows kept (mean) or 1 (sum);
+ *                     y[r] = l_r (none, D = 1)
+ *    DTR__VXENT_GRAD  c = g[0] / D (g[r] for none); gx[r, k] += c (exp(x[r, k] - M[r]) / Z[r] -
+ *                     eps / V) - c (1 - eps) [k == t[r] - start]; ignored rows nothing
+ *  A target outside [0, V), not ignored, is DTR_INVALID_ARGUMENT (the CPU at MAX; a device
+ *  when it reports its kernels' data errors, at the next synchronisation). */
 typedef struct dtr__vxent_args {
     int64_t R, K, V, start;
     const float *x;
     const int32_t *t;
     float *s;
-    float *y;               /* LOSS: 1 float */
-    const float *g;         /* GRAD: 1 float, dL/dy */
+    float *y;               /* LOSS: 1 float (R with DTR_LOSS_NONE) */
+    const float *g;         /* GRAD: 1 float, dL/dy (R with DTR_LOSS_NONE) */
     float *gx;              /* GRAD: (R, K) */
+    dtr__xent_params p;     /* ignored targets, label smoothing, reduction (as dtr_cross_entropy_ex) */
 } dtr__vxent_args;
 enum { DTR__VXENT_MAX, DTR__VXENT_SUMS, DTR__VXENT_LOSS, DTR__VXENT_GRAD };
 /** The CPU's vocab_xent (host memory). */

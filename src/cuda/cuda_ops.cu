@@ -599,46 +599,64 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- vocabulary-parallel cross-entropy's local work (dtr__vxent_args; the phases and the
    collectives between them: src/ops/ops_comm.c): one block per row ---- */
 
-/* MAX: M[r]; SUMS: Z[r] (double), T[r]. A target outside [0, V) is flagged at MAX. */
+/* MAX: M[r]; SUMS: Z[r] (double), T[r], S[r] (smoothing's logit sum, double). A target outside
+   [0, V), not ignored, is flagged at MAX. */
 __global__ static void dtr__cuda_vxent_rows_k(dtr__vxent_args a, int phase, int *err) {
-    float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
+    float *M = a.s, *Z = a.s + a.R, *T = Z + a.R, *S = T + a.R;
     for (int64_t r = blockIdx.x; r < a.R; r += gridDim.x) {
         const float *x = a.x + r * a.K;
         int64_t own = (int64_t)a.t[r] - a.start;
         if (phase == DTR__VXENT_MAX) {
             float mx = -INFINITY;
-            if (threadIdx.x == 0 && (a.t[r] < 0 || a.t[r] >= a.V)) dtr__cuda_flag(err, DTR_OP_VOCAB_CROSS_ENTROPY, r);
+            if (threadIdx.x == 0 && a.t[r] != a.p.ignore_index && (a.t[r] < 0 || a.t[r] >= a.V))
+                dtr__cuda_flag(err, DTR_OP_VOCAB_CROSS_ENTROPY, r);
             for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) mx = fmaxf(mx, x[k]);
             mx = dtr__cuda_block_max(mx);
             if (threadIdx.x == 0) M[r] = mx;
             continue;
         }
-        double sum = 0.0;
+        double sum = 0.0, sx = 0.0;
         for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sum += (double)dtr__f_xent_term(x[k], M[r]);
         sum = dtr__cuda_block_sum(sum);
-        if (threadIdx.x == 0) Z[r] = (float)sum, T[r] = own >= 0 && own < a.K ? x[own] : 0.0f;
+        if (a.p.smoothing > 0.0f) {
+            for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sx += (double)x[k];
+            sx = dtr__cuda_block_sum(sx);
+        }
+        if (threadIdx.x == 0) Z[r] = (float)sum, T[r] = own >= 0 && own < a.K ? x[own] : 0.0f, S[r] = (float)sx;
     }
 }
 
-/* LOSS: the rows' mean, summed in order (one thread: the CPU's sum) */
+/* LOSS: each row's loss, their mean, sum or each, and the divisor D (one thread: the CPU's sum) */
 __global__ static void dtr__cuda_vxent_loss_k(dtr__vxent_args a) {
-    const float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
-    double loss = 0.0;
+    const float *M = a.s, *Z = a.s + a.R, *T = Z + a.R, *S = T + a.R;
+    double loss = 0.0, l;
+    int64_t kept = 0;
     if (threadIdx.x || blockIdx.x) return;
-    for (int64_t r = 0; r < a.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
-    a.y[0] = a.R ? (float)(loss / (double)a.R) : 0.0f;
+    for (int64_t r = 0; r < a.R; r++) {
+        if (a.t[r] == a.p.ignore_index) {
+            if (a.p.reduction == DTR_LOSS_NONE) a.y[r] = 0.0f;
+            continue;
+        }
+        l = dtr__f_xent_loss(M[r], (double)Z[r], T[r], (double)S[r] / (double)a.V, a.p.smoothing);
+        if (a.p.reduction == DTR_LOSS_NONE) a.y[r] = (float)l;
+        loss += l, kept++;
+    }
+    a.s[4 * a.R] = a.p.reduction == DTR_LOSS_MEAN ? (float)kept : 1.0f;
+    if (a.p.reduction != DTR_LOSS_NONE) a.y[0] = kept ? (float)(loss / (double)a.s[4 * a.R]) : 0.0f;
 }
 
-/* GRAD: block (column chunk, row) */
+/* GRAD: block (column chunk, row); ignored rows nothing */
 __global__ static void dtr__cuda_vxent_grad_k(dtr__vxent_args a) {
     const float *M = a.s, *Z = a.s + a.R;
-    float c = a.g[0] / (float)a.R;
+    float eps = a.p.smoothing;
     for (int64_t r = blockIdx.y; r < a.R; r += gridDim.y) {
         int64_t own = (int64_t)a.t[r] - a.start;
+        float c = a.p.reduction == DTR_LOSS_NONE ? a.g[r] : a.g[0] / a.s[4 * a.R], d = c * eps / (float)a.V;
+        if (a.t[r] == a.p.ignore_index) continue;
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < a.K; k += (int64_t)gridDim.x * blockDim.x) {
             int64_t i = r * a.K + k;
-            float v = a.gx[i] + c * (dtr__f_xent_term(a.x[i], M[r]) / Z[r]);
-            if (k == own) v -= c;
+            float v = a.gx[i] + (c * (dtr__f_xent_term(a.x[i], M[r]) / Z[r]) - d);
+            if (k == own) v -= c * (1.0f - eps);
             a.gx[i] = v;
         }
     }

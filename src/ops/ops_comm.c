@@ -39,7 +39,7 @@ static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tenso
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->p.comm = comm;
+    n->p.comm.group = comm;
     memcpy(shape, x->shape, sizeof shape);
     if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, shape, name);
@@ -51,22 +51,35 @@ dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { retur
 dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
 dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_GATHER, "dtr_tp_gather", x, comm); }
 
-dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
+dtr_tensor *dtr_vocab_parallel_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm,
+                                                 const dtr_xent_config *cfg) {
     static const char name[] = "dtr_vocab_parallel_cross_entropy";
+    dtr_xent_config c = cfg ? *cfg : dtr_xent_config_init();
     dtr__node *n;
     if (!ctx) return NULL;
     if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    if (!(c.label_smoothing >= 0.0f && c.label_smoothing < 1.0f) || c.reduction < DTR_LOSS_MEAN || c.reduction > DTR_LOSS_NONE)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: label smoothing %g must be in [0, 1) and the reduction (%d) mean, sum or none",
+                          name, (double)c.label_smoothing, (int)c.reduction);
     n = dtr__xent_node(ctx, DTR_OP_VOCAB_CROSS_ENTROPY, name, logits, targets);
     if (!n) return NULL;
-    n->p.comm = comm;
+    n->p.comm.group = comm;
+    n->p.comm.xent.ignore_index = c.ignore_index, n->p.comm.xent.smoothing = c.label_smoothing, n->p.comm.xent.reduction = (int)c.reduction;
+    if (c.reduction == DTR_LOSS_NONE &&   /* each row's loss, in the targets' shape */
+        !(n->out = dtr__tensor_alloc(ctx, DTR_F32, n->in[1]->ndim, n->in[1]->shape, name)))
+        return NULL;
     return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
+    return dtr_vocab_parallel_cross_entropy_ex(ctx, logits, targets, comm, NULL);
 }
 
 /* in-place reduction over the group, with the group's error on the context */
 static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n, dtr_reduce_op op) {
-    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, op);
+    dtr_result r = dtr_comm_all_reduce(nd->p.comm.group, buf, buf, (size_t)n, DTR_F32, op);
     if (r != DTR_OK)
-        return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm));
+        return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm.group));
     return DTR_OK;
 }
 
@@ -80,23 +93,24 @@ static dtr__vxent_args dtr__vxent_of(const dtr__node *nd) {
     memset(&a, 0, sizeof a);
     a.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
     a.R = a.K ? dtr_tensor_numel(nd->in[0]) / a.K : 0;
-    a.V = a.K * dtr_comm_size(nd->p.comm);
-    a.start = (int64_t)dtr_comm_rank(nd->p.comm) * a.K;
+    a.V = a.K * dtr_comm_size(nd->p.comm.group);
+    a.start = (int64_t)dtr_comm_rank(nd->p.comm.group) * a.K;
     a.x = dtr__f32(nd->in[0]);
     a.t = dtr__i32(nd->in[1]);
+    a.p = nd->p.comm.xent;
     return a;
 }
 
-/* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family) */
+/* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family): M, Z, T, S and D */
 static size_t dtr__comm_saved_bytes(const dtr__node *nd) {
-    return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(3 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
+    return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(4 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
 }
 
 static dtr_result dtr__vxent_max(dtr_context *ctx, const dtr__vxent_args *a) {
     float *M = a->s;
     int64_t r;
     for (r = 0; r < a->R; r++)
-        if (a->t[r] < 0 || a->t[r] >= a->V)
+        if (a->t[r] != a->p.ignore_index && (a->t[r] < 0 || a->t[r] >= a->V))
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
                              (long long)r, (int)a->t[r], (long long)a->V);
     for (r = 0; r < a->R; r++)
@@ -106,43 +120,60 @@ static dtr_result dtr__vxent_max(dtr_context *ctx, const dtr__vxent_args *a) {
 
 static void dtr__vxent_sums(const dtr__vxent_args *a) {
     const float *M = a->s;
-    float *Z = a->s + a->R, *T = Z + a->R;
+    float *Z = a->s + a->R, *T = Z + a->R, *S = T + a->R;
     int64_t r, k;
     for (r = 0; r < a->R; r++) {
-        double s = 0.0;
+        double s = 0.0, sx = 0.0;
         int64_t own = a->t[r] - a->start;
         for (k = 0; k < a->K; k++) s += dtr__f_xent_term(a->x[r * a->K + k], M[r]);
-        Z[r] = (float)s;
+        for (k = 0; a->p.smoothing > 0.0f && k < a->K; k++) sx += a->x[r * a->K + k];
+        Z[r] = (float)s, S[r] = (float)sx;
         T[r] = own >= 0 && own < a->K ? a->x[r * a->K + own] : 0.0f;
     }
 }
 
 static void dtr__vxent_grad(const dtr__vxent_args *a) {
-    const float *M = a->s, *Z = M + a->R;
-    float c = a->g[0] / (float)a->R;
+    const float *M = a->s, *Z = M + a->R, *D = Z + 3 * a->R;
+    float eps = a->p.smoothing;
     int64_t r, k;
     for (r = 0; r < a->R; r++) {
         int64_t own = a->t[r] - a->start;
-        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (dtr__f_xent_term(a->x[r * a->K + k], M[r]) / Z[r]);
-        if (own >= 0 && own < a->K) a->gx[r * a->K + own] -= c;
+        float c = a->p.reduction == DTR_LOSS_NONE ? a->g[r] : a->g[0] / D[0], d = c * eps / (float)a->V;
+        if (a->t[r] == a->p.ignore_index) continue;
+        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (dtr__f_xent_term(a->x[r * a->K + k], M[r]) / Z[r]) - d;
+        if (own >= 0 && own < a->K) a->gx[r * a->K + own] -= c * (1.0f - eps);
     }
 }
 
+/* LOSS: each row's loss (an ignored row's 0), then their mean, sum or each, and the divisor */
+static void dtr__vxent_loss(const dtr__vxent_args *a) {
+    const float *M = a->s, *Z = M + a->R, *T = Z + a->R, *S = T + a->R;
+    float *D = a->s + 4 * a->R;
+    double loss = 0.0, l;
+    int64_t r, kept = 0;
+    for (r = 0; r < a->R; r++) {
+        if (a->t[r] == a->p.ignore_index) {
+            if (a->p.reduction == DTR_LOSS_NONE) a->y[r] = 0.0f;
+            continue;
+        }
+        l = dtr__f_xent_loss(M[r], (double)Z[r], T[r], (double)S[r] / (double)a->V, a->p.smoothing);
+        if (a->p.reduction == DTR_LOSS_NONE) a->y[r] = (float)l;
+        loss += l, kept++;
+    }
+    D[0] = a->p.reduction == DTR_LOSS_MEAN ? (float)kept : 1.0f;
+    if (a->p.reduction != DTR_LOSS_NONE) a->y[0] = kept ? (float)(loss / (double)D[0]) : 0.0f;
+}
+
 dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
-    const float *M = a->s, *Z = M + a->R, *T = Z + a->R;
-    double loss = 0.0;
-    int64_t r;
     if (phase == DTR__VXENT_MAX) return dtr__vxent_max(ctx, a);
     if (phase == DTR__VXENT_SUMS) dtr__vxent_sums(a);
     if (phase == DTR__VXENT_GRAD && a->gx && a->R) dtr__vxent_grad(a);
-    if (phase != DTR__VXENT_LOSS) return DTR_OK;
-    for (r = 0; r < a->R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
-    a->y[0] = a->R ? (float)(loss / (double)a->R) : 0.0f;
+    if (phase == DTR__VXENT_LOSS) dtr__vxent_loss(a);
     return DTR_OK;
 }
 
-/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
-   block given in nd->saved, or the node's); the local work by kernel k (the CPU's on host
+/* saved: the rows' global max M, sum of exp(x - M) Z, target logit T and logit sum S, R floats
+   each, and the loss's divisor (a block given in nd->saved, or the node's); the local work by kernel k (the CPU's on host
    memory, the backend's vocab_xent on its own), the group's all-reduces between */
 static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn k) {
     dtr__vxent_args a = dtr__vxent_of(nd);
@@ -151,7 +182,7 @@ static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn 
     if (!a.s) return ctx->status;
     nd->saved = a.s, a.y = dtr__f32(nd->out);
     if ((r = k(ctx, &a, DTR__VXENT_MAX)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s, a.R, DTR_REDUCE_MAX)) != DTR_OK ||
-        (r = k(ctx, &a, DTR__VXENT_SUMS)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s + a.R, 2 * a.R, DTR_REDUCE_SUM)) != DTR_OK)
+        (r = k(ctx, &a, DTR__VXENT_SUMS)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s + a.R, 3 * a.R, DTR_REDUCE_SUM)) != DTR_OK)
         return r;
     return k(ctx, &a, DTR__VXENT_LOSS);
 }
@@ -167,23 +198,23 @@ static dtr_result dtr__vxent_bwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn 
 /* rows of width w: rank k's row r lands at y[r * N * w + k * w] */
 static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm.group), k;
     float *buf = (float *)dtr__malloc(&ctx->alloc, (size_t)(n * N + 1) * sizeof(float)), *y = dtr__f32(nd->out);
     dtr_result res;
     if (!buf) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_gather: out of memory");
-    res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    res = dtr_comm_all_gather(nd->p.comm.group, dtr__f32(x), buf, (size_t)n, DTR_F32);
     for (k = 0; res == DTR_OK && w && k < N; k++)
         for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
     dtr__free(&ctx->alloc, buf);
     if (res != DTR_OK)
-        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm.group));
     return DTR_OK;
 }
 
 static dtr_result dtr__gather_bwd(dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), i;
-    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w;
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm.group), i;
+    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm.group) * w;
     float *gx = dtr__gradof(x);
     if (gx && w)
         for (i = 0; i < n; i++) gx[i] += g[i / w * N * w + i % w];
@@ -253,10 +284,10 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
     char *at;
     int i;
     im->block = NULL;
-    if (nd->p.comm && !dtr__comm_takes_host(nd->p.comm))   /* a device transport that takes no host image */
+    if (nd->p.comm.group && !dtr__comm_takes_host(nd->p.comm.group))   /* a device transport that takes no host image */
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: the group's transport (%s) takes device memory only and its "
                          "context's backend cannot stage host buffers (no `owns` slot)", dtr__op_name(nd->op),
-                         dtr_comm_transport_name(nd->p.comm));
+                         dtr_comm_transport_name(nd->p.comm.group));
     im->block = at = (char *)dtr__malloc(&ctx->alloc, dtr__comm_images_bytes(nd));
     if (!at) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for host images", dtr__op_name(nd->op));
     im->n = *nd;
@@ -279,7 +310,7 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
    the cross-entropy's local work by the backend's vocab_xent ---- */
 
 static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
-    return nd->p.comm && nd->p.comm->mem_ctx == ctx &&
+    return nd->p.comm.group && nd->p.comm.group->mem_ctx == ctx &&
            (nd->op != DTR_OP_VOCAB_CROSS_ENTROPY || ctx->backend->vocab_xent);
 }
 
@@ -287,12 +318,12 @@ static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
    k's rows of width w to columns k * w .. of y's rows (one strided copy per rank) */
 static dtr_result dtr__gather_direct_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), k;
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm.group), k;
     float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
     size_t ws = (size_t)w * sizeof(float);
-    dtr_result r = buf ? dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32) : ctx->status;
+    dtr_result r = buf ? dtr_comm_all_gather(nd->p.comm.group, dtr__f32(x), buf, (size_t)n, DTR_F32) : ctx->status;
     if (buf && r != DTR_OK)
-        return dtr__fail(ctx, r, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+        return dtr__fail(ctx, r, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm.group));
     for (k = 0; r == DTR_OK && w && k < N; k++) r = dtr__mem_copy2d(ctx, y + k * w, (size_t)N * ws, buf + k * n, ws, ws, (size_t)(n / w));
     return r;
 }
@@ -300,13 +331,13 @@ static dtr_result dtr__gather_direct_fwd(dtr_context *ctx, dtr__node *nd) {
 /* TP_GATHER: gx += this rank's columns of gy, gathered into a dense block first */
 static dtr_result dtr__gather_direct_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
-    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm);
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm.group);
     float *gx = dtr__gradof(x), *slice;
     size_t ws = (size_t)w * sizeof(float);
     dtr_result r;
     if (!gx || !w || !n) return DTR_OK;
     if (!(slice = (float *)dtr__arena_data(ctx, (size_t)n * sizeof(float), "dtr_tp_gather backward"))) return ctx->status;
-    r = dtr__mem_copy2d(ctx, slice, ws, nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w, (size_t)N * ws, ws, (size_t)(n / w));
+    r = dtr__mem_copy2d(ctx, slice, ws, nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm.group) * w, (size_t)N * ws, ws, (size_t)(n / w));
     return r == DTR_OK ? ctx->backend->reduce(ctx, gx, gx, slice, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1) : r;
 }
 

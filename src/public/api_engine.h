@@ -99,6 +99,15 @@ DTR_API dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *com
  *  Thread safety: as dtr_tp_copy. */
 DTR_API dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets,
                                                      dtr_comm *comm);
+/** dtr_vocab_parallel_cross_entropy with dtr_cross_entropy_ex's settings (cfg NULL: the
+ *  defaults): targets equal to cfg->ignore_index add nothing and get no gradient (padding
+ *  tokens; every row ignored: 0), label smoothing over the whole vocabulary (each rank's logit
+ *  sums join the one all-reduce), and the reduction (DTR_LOSS_NONE: each row's loss, in the
+ *  targets' shape). The same values as dtr_cross_entropy_ex over the full logits. @return as
+ *  dtr_vocab_parallel_cross_entropy's, and DTR_INVALID_ARGUMENT (smoothing outside [0, 1), an
+ *  unknown reduction). Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_vocab_parallel_cross_entropy_ex(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm,
+                                                        const dtr_xent_config *cfg);
 
 /* ---- tensor parallel: layers (Megatron-LM) ----
  * Each layer splits its weights over the ranks of a tensor-parallel group `comm` (size tp):
