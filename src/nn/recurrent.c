@@ -3,8 +3,8 @@
  * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
  * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
  * B T rows); each step then adds h W_hh^T and applies the gates: a whole recurrence is one op
- * (dtr_lstm_sequence, dtr_gru_sequence, over the time-major sequence); a single step is made
- * of ops (the LSTM's gates and cell one of them, dtr_lstm_cell). Shapes: x (B, T, I) or one
+ * (dtr_lstm_sequence, dtr_gru_sequence, over the time-major sequence); a single step is the
+ * LSTM's h W_hh^T, a sum and its fused cell (dtr_lstm_cell), or the GRU's op over one step. Shapes: x (B, T, I) or one
  * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
  * ==========================================================================*/
 #include "../public/api.h"
@@ -49,11 +49,6 @@ dtr_result dtr_gru_layer_init(dtr_gru_layer *l, dtr_model *m, const char *name, 
     return DTR_OK;
 }
 
-/* gate k of H columns of the pre-activations a (..., G H): a view, no copy */
-static dtr_tensor *dtr__gate(dtr_context *ctx, dtr_tensor *a, int k, int64_t H) {
-    return dtr_slice(ctx, a, -1, k * H, (k + 1) * H);
-}
-
 /* One LSTM step from the input's part of the gates gx (..., 4H) (x W_ih^T + b_ih) and h, c
  * (..., H) or NULL (zeros): i, f, g, o = gx + h W_hh^T + b_hh; c' = sigmoid(f) c + sigmoid(i)
  * tanh(g); h' = sigmoid(o) tanh(c') (dtr_lstm_cell: one op). */
@@ -63,16 +58,16 @@ static dtr_tensor *dtr__lstm_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr
     return dtr_lstm_cell(ctx, a, c, c_out);
 }
 
-/* One GRU step from gx (..., 3H) and h (..., H) or NULL (zeros): r, z = sigmoid(gx + h W_hh^T +
- * b_hh) of their gates; n = tanh(gx_n + r (h W_hn^T + b_hn)); h' = n + z (h - n). */
+/* One GRU step from gx (B, 3H) and h (B, H) or NULL (zeros): the recurrence op over one step
+ * (r, z = sigmoid(gx + h W_hh^T + b_hh) of their gates; n = tanh(gx_n + r (h W_hn^T + b_hn));
+ * h' = n + z (h - n): one op, the bits of those made of ops). */
 static dtr_tensor *dtr__gru_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *gx, dtr_tensor *h) {
-    int64_t H = l->hidden;
-    dtr_tensor *gh = h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh;
-    dtr_tensor *s = dtr_sigmoid(ctx, dtr_add(ctx, dtr_slice(ctx, gx, -1, 0, 2 * H), dtr_slice(ctx, gh, -1, 0, 2 * H)));
-    dtr_tensor *z = dtr__gate(ctx, s, 1, H);
-    dtr_tensor *rh = dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr__gate(ctx, gh, 2, H));   /* r (h W_hn^T + b_hn) */
-    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr__gate(ctx, gx, 2, H), rh));
-    return h ? dtr_add(ctx, n, dtr_mul(ctx, z, dtr_sub(ctx, h, n))) : dtr_sub(ctx, n, dtr_mul(ctx, z, n));
+    int64_t one[3], two[2];
+    dtr_tensor *hs;
+    if (!gx) return NULL;
+    one[0] = 1, one[1] = two[0] = gx->shape[0], one[2] = gx->shape[1], two[1] = l->hidden;
+    hs = dtr_gru_sequence(ctx, dtr_reshape(ctx, gx, 3, one), l->weight_hh, l->bias_hh, h);
+    return hs ? dtr_reshape(ctx, hs, 2, two) : NULL;
 }
 
 /* 1 when the state s is NULL or (B, H) for x (B, ...) */

@@ -1242,7 +1242,8 @@ DTR_API dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer 
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gru_layer_forward_ex(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0,
                                              const dtr_rnn_config *cfg, dtr_tensor **h_out);
-/** One GRU step: x (B, I), h (B, H) (NULL: zeros) -> h' (B, H) (PyTorch's nn.GRUCell).
+/** One GRU step: x (B, I), h (B, H) (NULL: zeros) -> h' (B, H) (PyTorch's nn.GRUCell): a
+ *  product for x's part and the recurrence op over one step (dtr_gru_sequence).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h);
 
