@@ -9,22 +9,12 @@
  *
  * Build and run from the repository:
  *     make examples && build/examples/sequence_classify [--steps S] [--seed S] [--threads N]
- * Build by hand, with dtrain.h and sequence_classify.h beside this file:
+ * Build by hand, with dtrain.h, common.h and sequence_classify.h beside this file:
  *     cc -O2 -I. -DDTRAIN_IMPLEMENTATION sequence_classify.c -o sequence_classify -lm -lpthread
  * Prints the accuracy over 20 fresh batches (640 waveforms) before training (chance: 0.25) and
  * after each quarter of the steps (default 800). */
-#define _POSIX_C_SOURCE 200809L
-#include "dtrain.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
+#include "common.h"
 #include "sequence_classify.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
     dtr_context_config cfg = dtr_context_config_init();
@@ -54,11 +44,11 @@ int main(int argc, char **argv) {
     if (sc_init(&s, ctx, 3e-3f, (uint64_t)seed) != DTR_OK) goto done;
     dtr_rng_seed(&eval, 99, 2);
     printf("before training: accuracy %.3f (chance 0.25)\n", sc_accuracy(&s, &eval, 20));
-    t0 = now_s();
+    t0 = fm_now();
     for (q = 1; q <= 4; q++) {
         if (sc_train(&s, &rng, (int)(steps / 4), &loss) != DTR_OK) goto done;
         dtr_rng_seed(&eval, 99, 2);
-        printf("step %5ld: loss %.4f, accuracy %.3f, %.1f s\n", steps / 4 * q, (double)loss, sc_accuracy(&s, &eval, 20), now_s() - t0);
+        printf("step %5ld: loss %.4f, accuracy %.3f, %.1f s\n", steps / 4 * q, (double)loss, sc_accuracy(&s, &eval, 20), fm_now() - t0);
     }
     rc = 0;
 done:
