@@ -1461,7 +1461,12 @@ typedef enum dtr_optimizer_kind {
     DTR_OPT_SGD = 0,    /**< momentum, Nesterov, L2 weight decay (added to the gradient) */
     DTR_OPT_ADAM = 1,   /**< L2 weight decay added to the gradient, as torch.optim.Adam */
     DTR_OPT_ADAMW = 2,  /**< decoupled weight decay */
-    DTR_OPT_LAMB = 3    /**< layer-wise trust ratio over AdamW-style updates (You et al.) */
+    DTR_OPT_LAMB = 3,   /**< layer-wise trust ratio over AdamW-style updates (You et al.) */
+    DTR_OPT_RMSPROP = 4,/**< torch.optim.RMSprop (not centered): square average with smoothing
+                             beta2 (its alpha; default 0.99), eps added to its root, L2 weight
+                             decay, optional momentum */
+    DTR_OPT_ADAGRAD = 5 /**< torch.optim.Adagrad: the sum of squared gradients, eps (default
+                             1e-10) added to its root, L2 weight decay */
 } dtr_optimizer_kind;
 
 typedef enum dtr_schedule_kind {
@@ -1503,11 +1508,12 @@ typedef enum dtr_nonfinite_policy {
 typedef struct dtr_optimizer_config {
     dtr_optimizer_kind kind;
     dtr_schedule schedule;  /**< schedule.lr is the learning rate */
-    float momentum;         /**< SGD */
+    float momentum;         /**< SGD, RMSprop */
     int nesterov;           /**< SGD */
     float dampening;        /**< SGD */
-    double beta1, beta2;    /**< Adam family moments (defaults 0.9, 0.999); double so 1 - beta is exact as in PyTorch */
-    float eps;              /**< Adam family (default 1e-8; LAMB 1e-6) */
+    double beta1, beta2;    /**< Adam family moments (defaults 0.9, 0.999); RMSprop's alpha is beta2 (default
+                                 0.99); double so 1 - beta is exact as in PyTorch */
+    float eps;              /**< Adam family, RMSprop (default 1e-8; LAMB 1e-6; Adagrad 1e-10) */
     float weight_decay;
     float clip_norm;        /**< > 0: clip the global gradient norm before each update */
     int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
@@ -1573,7 +1579,8 @@ DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
 /** The optimizer's moment buffers: `count` buffers of dtr_model_numel floats each (SGD with
- *  momentum: 1; the Adam family and LAMB: 2), NULL past the end. For checkpoints, prefer
+ *  momentum: 1; the Adam family and LAMB: 2, m and v; RMSprop: the square average, then the
+ *  momentum buffer with momentum; Adagrad: 1, the sum of squares), NULL past the end. For checkpoints, prefer
  *  dtr_optimizer_state, which lists every piece of the optimizer's state.
  *  Thread safety: the model's context thread. */
 DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
@@ -4728,7 +4735,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4732 "dtrain.h"
+#line 4739 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5640,7 +5647,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5644 "dtrain.h"
+#line 5651 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6035,7 +6042,7 @@ DTR__HD int32_t dtr__f_argmax(const float *x, int64_t n, int64_t stride, float *
 
 /* ---- optimizer element updates ---- */
 
-/** The constants of one SGD / Adam / AdamW / LAMB update (dtr__opt_consts makes them on the
+/** The constants of one SGD / Adam / AdamW / LAMB / RMSprop / Adagrad update (dtr__opt_consts makes them on the
  *  host from dtr__opt_args; a kernel takes them by value). */
 typedef struct dtr__opt_k {
     float lr, wd, gs, eps;
@@ -6085,6 +6092,22 @@ DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k
     dtr__f_adam_apply(p, *m, sqrtf(dtr__f_adam_moments(p, m, v, g, k, adamw)), k);
 }
 
+/** RMSprop (torch.optim.RMSprop, not centered) with its square average sq and, with `momentum`,
+ *  its momentum buffer buf: d = g + wd p; sq = b2 sq + (1 - b2) d d; avg = sqrt(sq) + eps; then
+ *  buf = mom buf + d / avg, p -= lr buf, or p -= lr d / avg. Adagrad is the second form with
+ *  b2 = 1 - b2 = 1 (sq the sum of squares). */
+DTR__HD void dtr__f_rmsprop(float *p, float *sq, float *buf, float g, const dtr__opt_k *k, int momentum) {
+    float d = g * k->gs + k->wd * *p, avg;
+    *sq = k->b2 * *sq + k->c2 * d * d;
+    avg = sqrtf(*sq) + k->eps;
+    if (momentum) {
+        *buf = k->mom * *buf + d / avg;
+        *p -= k->lr * *buf;
+    } else {
+        *p -= k->lr * d / avg;
+    }
+}
+
 /** LAMB's first phase for one element: moments updated, returns the update direction
  *  (before the per-parameter trust ratio scales it). */
 DTR__HD float dtr__f_lamb_dir(float p, float *m, float *v, float g, const dtr__opt_k *k) {
@@ -6112,6 +6135,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
     k.sbc2 = sqrtf((float)bc2);
     k.b1 = (float)a->beta1; k.b2 = (float)a->beta2;
     k.c1 = (float)(1.0 - a->beta1); k.c2 = (float)(1.0 - a->beta2);
+    if (a->kind == DTR_OPT_ADAGRAD) k.b2 = k.c2 = 1.0f;   /* a sum, not an average */
     k.bc1 = bc1; k.bc2 = bc2;
     k.adamw = a->kind == DTR_OPT_ADAMW;
     k.nesterov = a->nesterov;
@@ -6120,7 +6144,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6124 "dtrain.h"
+#line 6148 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6182,7 +6206,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6186 "dtrain.h"
+#line 6210 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6561,7 +6585,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6565 "dtrain.h"
+#line 6589 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6604,7 +6628,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6608 "dtrain.h"
+#line 6632 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6638,7 +6662,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6642 "dtrain.h"
+#line 6666 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6697,7 +6721,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6701 "dtrain.h"
+#line 6725 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6771,7 +6795,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6775 "dtrain.h"
+#line 6799 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6839,7 +6863,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6843 "dtrain.h"
+#line 6867 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6914,7 +6938,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6918 "dtrain.h"
+#line 6942 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7266,7 +7290,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7270 "dtrain.h"
+#line 7294 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8122,7 +8146,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8126 "dtrain.h"
+#line 8150 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8797,7 +8821,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8801 "dtrain.h"
+#line 8825 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8888,7 +8912,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8892 "dtrain.h"
+#line 8916 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9370,7 +9394,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9374 "dtrain.h"
+#line 9398 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9625,7 +9649,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9629 "dtrain.h"
+#line 9653 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9858,7 +9882,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9862 "dtrain.h"
+#line 9886 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9977,7 +10001,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9981 "dtrain.h"
+#line 10005 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10033,7 +10057,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10037 "dtrain.h"
+#line 10061 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10431,7 +10455,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10435 "dtrain.h"
+#line 10459 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10696,7 +10720,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10700 "dtrain.h"
+#line 10724 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11260,7 +11284,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11264 "dtrain.h"
+#line 11288 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11442,7 +11466,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11446 "dtrain.h"
+#line 11470 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13072,7 +13096,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13076 "dtrain.h"
+#line 13100 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13979,7 +14003,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 13983 "dtrain.h"
+#line 14007 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14241,7 +14265,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14245 "dtrain.h"
+#line 14269 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14642,7 +14666,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14646 "dtrain.h"
+#line 14670 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14776,7 +14800,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14780 "dtrain.h"
+#line 14804 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15553,7 +15577,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15557 "dtrain.h"
+#line 15581 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15945,7 +15969,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15949 "dtrain.h"
+#line 15973 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16221,7 +16245,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16225 "dtrain.h"
+#line 16249 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16458,7 +16482,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16462 "dtrain.h"
+#line 16486 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16713,7 +16737,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16717 "dtrain.h"
+#line 16741 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16781,7 +16805,8 @@ dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr
     c.schedule.gamma = 0.1f;
     c.beta1 = 0.9;
     c.beta2 = 0.999;
-    c.eps = kind == DTR_OPT_LAMB ? 1e-6f : 1e-8f;
+    if (kind == DTR_OPT_RMSPROP) c.beta2 = 0.99;   /* torch's alpha */
+    c.eps = kind == DTR_OPT_LAMB ? 1e-6f : kind == DTR_OPT_ADAGRAD ? 1e-10f : 1e-8f;
     c.weight_decay = kind == DTR_OPT_ADAMW ? 0.01f : 0.0f;
     c.grad_accum_steps = 1;
     return c;
@@ -16840,7 +16865,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     ctx = dtr_model_context(model);
-    if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_LAMB)
+    if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_ADAGRAD)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown optimizer kind %d", (int)cfg->kind);
     if (!(cfg->schedule.lr >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->eps >= 0.0f) ||
         !(cfg->beta1 >= 0.0 && cfg->beta1 < 1.0) || !(cfg->beta2 >= 0.0 && cfg->beta2 < 1.0) || cfg->grad_accum_steps < 0 ||
@@ -16863,7 +16888,8 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
     bytes = (size_t)(o->len ? o->len : 1) * sizeof(float);
-    nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0) : 2;
+    nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
+           : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
     if (nbuf >= 1) o->m = (float *)ctx->backend->mem_alloc(ctx, bytes);
     if (nbuf >= 2) o->v = (float *)ctx->backend->mem_alloc(ctx, bytes);
     if (cfg->kind == DTR_OPT_LAMB) {
@@ -17202,6 +17228,11 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         else if (k.nesterov) DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 1));
         else DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 0));
         break;
+    case DTR_OPT_RMSPROP:   /* m: the square average (Adagrad's sum); v: the momentum buffer, if any */
+    case DTR_OPT_ADAGRAD:
+        if (v) DTR__ELEMENTWISE(b, n, dtr__f_rmsprop(&p[i], &m[i], &v[i], g[i], &k, 1));
+        else DTR__ELEMENTWISE(b, n, dtr__f_rmsprop(&p[i], &m[i], NULL, g[i], &k, 0));
+        break;
     case DTR_OPT_ADAM: dtr__cpu_adam(p, m, v, g, b, n, &k, 0); break;
     case DTR_OPT_ADAMW: dtr__cpu_adam(p, m, v, g, b, n, &k, 1); break;
     case DTR_OPT_LAMB:
@@ -17258,7 +17289,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17262 "dtrain.h"
+#line 17293 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17396,7 +17427,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17400 "dtrain.h"
+#line 17431 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17743,7 +17774,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17747 "dtrain.h"
+#line 17778 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17809,7 +17840,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17813 "dtrain.h"
+#line 17844 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18046,7 +18077,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18050 "dtrain.h"
+#line 18081 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18795,7 +18826,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18799 "dtrain.h"
+#line 18830 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19248,7 +19279,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19252 "dtrain.h"
+#line 19283 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19304,7 +19335,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19308 "dtrain.h"
+#line 19339 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20081,7 +20112,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20085 "dtrain.h"
+#line 20116 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20662,7 +20693,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20666 "dtrain.h"
+#line 20697 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21293,7 +21324,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21297 "dtrain.h"
+#line 21328 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22089,7 +22120,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22093 "dtrain.h"
+#line 22124 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22442,7 +22473,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22446 "dtrain.h"
+#line 22477 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22632,7 +22663,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22636 "dtrain.h"
+#line 22667 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22813,7 +22844,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22817 "dtrain.h"
+#line 22848 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23588,7 +23619,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23592 "dtrain.h"
+#line 23623 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24105,7 +24136,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24109 "dtrain.h"
+#line 24140 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -24900,7 +24931,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 24904 "dtrain.h"
+#line 24935 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26148,7 +26179,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26152 "dtrain.h"
+#line 26183 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26770,7 +26801,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26774 "dtrain.h"
+#line 26805 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27271,7 +27302,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27275 "dtrain.h"
+#line 27306 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28001,7 +28032,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28005 "dtrain.h"
+#line 28036 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28237,7 +28268,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28241 "dtrain.h"
+#line 28272 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28366,7 +28397,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28370 "dtrain.h"
+#line 28401 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28803,7 +28834,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28807 "dtrain.h"
+#line 28838 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29296,7 +29327,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29300 "dtrain.h"
+#line 29331 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29845,7 +29876,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29849 "dtrain.h"
+#line 29880 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30351,7 +30382,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30355 "dtrain.h"
+#line 30386 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31900,7 +31931,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 31904 "dtrain.h"
+#line 31935 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -31954,7 +31985,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 31958 "dtrain.h"
+#line 31989 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33132,7 +33163,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33136 "dtrain.h"
+#line 33167 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34035,7 +34066,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34039 "dtrain.h"
+#line 34070 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35513,7 +35544,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35517 "dtrain.h"
+#line 35548 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -35906,7 +35937,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 35910 "dtrain.h"
+#line 35941 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36055,7 +36086,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36059 "dtrain.h"
+#line 36090 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -2181,6 +2181,14 @@ __global__ static void dtr__cuda_adam_k(float *p, const float *g, float *m, floa
     }
 }
 
+/* RMSprop and Adagrad: m the square average (the sum), v the momentum buffer or NULL */
+__global__ static void dtr__cuda_rmsprop_k(float *p, const float *g, float *m, float *v, int64_t b, int64_t n, dtr__opt_k k) {
+    DTR__CUDA_FOR(t, n - b) {
+        int64_t i = b + t;
+        dtr__f_rmsprop(&p[i], &m[i], v ? &v[i] : NULL, g[i], &k, v != NULL);
+    }
+}
+
 /* LAMB, one block per parameter segment: moments and direction, the two norms, the trust
  * ratio, the step. segs: (nseg, 2) begin/end. */
 __global__ static void dtr__cuda_lamb_k(float *p, const float *g, float *m, float *v, float *work, const int64_t *segs, float lr,
@@ -2248,6 +2256,11 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     case DTR_OPT_ADAMW:
         dtr__cuda_adam_k<<<dtr__cuda_grid(a->n - a->begin), DTR__CUDA_THREADS, 0, st>>>(a->param, a->grad, a->m, a->v, a->begin,
                                                                                        a->n, k);
+        break;
+    case DTR_OPT_RMSPROP:
+    case DTR_OPT_ADAGRAD:
+        dtr__cuda_rmsprop_k<<<dtr__cuda_grid(a->n - a->begin), DTR__CUDA_THREADS, 0, st>>>(a->param, a->grad, a->m, a->v, a->begin,
+                                                                                          a->n, k);
         break;
     case DTR_OPT_LAMB: return dtr__cuda_lamb(ctx, a, &k);
     default: return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: unknown optimizer kind %d", a->kind);
@@ -2529,7 +2542,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2533 "dtrain_cuda.cu"
+#line 2546 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2916,7 +2929,7 @@ static dtr_result dtr__cuda_upsample_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->out->grad, gx, x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2920 "dtrain_cuda.cu"
+#line 2933 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3789,7 +3802,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3793 "dtrain_cuda.cu"
+#line 3806 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -4291,5 +4304,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4295 "dtrain_cuda.cu"
+#line 4308 "dtrain_cuda.cu"
 

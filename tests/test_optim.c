@@ -1,7 +1,7 @@
 /* Optimizers, schedules and gradient clipping against PyTorch.
  *
  * The reference values come from tests/fixtures/make_optim_fixtures.py (torch.optim SGD, Adam,
- * AdamW, a float64 LAMB, torch.optim.lr_scheduler, torch.nn.utils.clip_grad_norm_), written
+ * AdamW, RMSprop, Adagrad, a float64 LAMB, torch.optim.lr_scheduler, torch.nn.utils.clip_grad_norm_), written
  * into tests/fixtures/optim_fixtures.h. A dtrain model holds the same two parameters p0 (3, 4)
  * and p1 (5) (at their offsets inside the model's padded contiguous buffer); each fixture
  * gradient is written into dtr_model_grads and dtr_optimizer_step applied. Every element of

@@ -389,7 +389,7 @@ DTR__HD int32_t dtr__f_argmax(const float *x, int64_t n, int64_t stride, float *
 
 /* ---- optimizer element updates ---- */
 
-/** The constants of one SGD / Adam / AdamW / LAMB update (dtr__opt_consts makes them on the
+/** The constants of one SGD / Adam / AdamW / LAMB / RMSprop / Adagrad update (dtr__opt_consts makes them on the
  *  host from dtr__opt_args; a kernel takes them by value). */
 typedef struct dtr__opt_k {
     float lr, wd, gs, eps;
@@ -439,6 +439,22 @@ DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k
     dtr__f_adam_apply(p, *m, sqrtf(dtr__f_adam_moments(p, m, v, g, k, adamw)), k);
 }
 
+/** RMSprop (torch.optim.RMSprop, not centered) with its square average sq and, with `momentum`,
+ *  its momentum buffer buf: d = g + wd p; sq = b2 sq + (1 - b2) d d; avg = sqrt(sq) + eps; then
+ *  buf = mom buf + d / avg, p -= lr buf, or p -= lr d / avg. Adagrad is the second form with
+ *  b2 = 1 - b2 = 1 (sq the sum of squares). */
+DTR__HD void dtr__f_rmsprop(float *p, float *sq, float *buf, float g, const dtr__opt_k *k, int momentum) {
+    float d = g * k->gs + k->wd * *p, avg;
+    *sq = k->b2 * *sq + k->c2 * d * d;
+    avg = sqrtf(*sq) + k->eps;
+    if (momentum) {
+        *buf = k->mom * *buf + d / avg;
+        *p -= k->lr * *buf;
+    } else {
+        *p -= k->lr * d / avg;
+    }
+}
+
 /** LAMB's first phase for one element: moments updated, returns the update direction
  *  (before the per-parameter trust ratio scales it). */
 DTR__HD float dtr__f_lamb_dir(float p, float *m, float *v, float g, const dtr__opt_k *k) {
@@ -466,6 +482,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
     k.sbc2 = sqrtf((float)bc2);
     k.b1 = (float)a->beta1; k.b2 = (float)a->beta2;
     k.c1 = (float)(1.0 - a->beta1); k.c2 = (float)(1.0 - a->beta2);
+    if (a->kind == DTR_OPT_ADAGRAD) k.b2 = k.c2 = 1.0f;   /* a sum, not an average */
     k.bc1 = bc1; k.bc2 = bc2;
     k.adamw = a->kind == DTR_OPT_ADAMW;
     k.nesterov = a->nesterov;

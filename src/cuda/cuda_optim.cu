@@ -101,6 +101,14 @@ __global__ static void dtr__cuda_adam_k(float *p, const float *g, float *m, floa
     }
 }
 
+/* RMSprop and Adagrad: m the square average (the sum), v the momentum buffer or NULL */
+__global__ static void dtr__cuda_rmsprop_k(float *p, const float *g, float *m, float *v, int64_t b, int64_t n, dtr__opt_k k) {
+    DTR__CUDA_FOR(t, n - b) {
+        int64_t i = b + t;
+        dtr__f_rmsprop(&p[i], &m[i], v ? &v[i] : NULL, g[i], &k, v != NULL);
+    }
+}
+
 /* LAMB, one block per parameter segment: moments and direction, the two norms, the trust
  * ratio, the step. segs: (nseg, 2) begin/end. */
 __global__ static void dtr__cuda_lamb_k(float *p, const float *g, float *m, float *v, float *work, const int64_t *segs, float lr,
@@ -168,6 +176,11 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     case DTR_OPT_ADAMW:
         dtr__cuda_adam_k<<<dtr__cuda_grid(a->n - a->begin), DTR__CUDA_THREADS, 0, st>>>(a->param, a->grad, a->m, a->v, a->begin,
                                                                                        a->n, k);
+        break;
+    case DTR_OPT_RMSPROP:
+    case DTR_OPT_ADAGRAD:
+        dtr__cuda_rmsprop_k<<<dtr__cuda_grid(a->n - a->begin), DTR__CUDA_THREADS, 0, st>>>(a->param, a->grad, a->m, a->v, a->begin,
+                                                                                          a->n, k);
         break;
     case DTR_OPT_LAMB: return dtr__cuda_lamb(ctx, a, &k);
     default: return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: unknown optimizer kind %d", a->kind);

@@ -62,7 +62,8 @@ dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr
     c.schedule.gamma = 0.1f;
     c.beta1 = 0.9;
     c.beta2 = 0.999;
-    c.eps = kind == DTR_OPT_LAMB ? 1e-6f : 1e-8f;
+    if (kind == DTR_OPT_RMSPROP) c.beta2 = 0.99;   /* torch's alpha */
+    c.eps = kind == DTR_OPT_LAMB ? 1e-6f : kind == DTR_OPT_ADAGRAD ? 1e-10f : 1e-8f;
     c.weight_decay = kind == DTR_OPT_ADAMW ? 0.01f : 0.0f;
     c.grad_accum_steps = 1;
     return c;
@@ -121,7 +122,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     ctx = dtr_model_context(model);
-    if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_LAMB)
+    if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_ADAGRAD)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown optimizer kind %d", (int)cfg->kind);
     if (!(cfg->schedule.lr >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->eps >= 0.0f) ||
         !(cfg->beta1 >= 0.0 && cfg->beta1 < 1.0) || !(cfg->beta2 >= 0.0 && cfg->beta2 < 1.0) || cfg->grad_accum_steps < 0 ||
@@ -144,7 +145,8 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
     bytes = (size_t)(o->len ? o->len : 1) * sizeof(float);
-    nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0) : 2;
+    nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
+           : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
     if (nbuf >= 1) o->m = (float *)ctx->backend->mem_alloc(ctx, bytes);
     if (nbuf >= 2) o->v = (float *)ctx->backend->mem_alloc(ctx, bytes);
     if (cfg->kind == DTR_OPT_LAMB) {
@@ -482,6 +484,11 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         else if (k.first) DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 1, k.nesterov));
         else if (k.nesterov) DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 1));
         else DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 0));
+        break;
+    case DTR_OPT_RMSPROP:   /* m: the square average (Adagrad's sum); v: the momentum buffer, if any */
+    case DTR_OPT_ADAGRAD:
+        if (v) DTR__ELEMENTWISE(b, n, dtr__f_rmsprop(&p[i], &m[i], &v[i], g[i], &k, 1));
+        else DTR__ELEMENTWISE(b, n, dtr__f_rmsprop(&p[i], &m[i], NULL, g[i], &k, 0));
         break;
     case DTR_OPT_ADAM: dtr__cpu_adam(p, m, v, g, b, n, &k, 0); break;
     case DTR_OPT_ADAMW: dtr__cpu_adam(p, m, v, g, b, n, &k, 1); break;

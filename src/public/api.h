@@ -1436,7 +1436,12 @@ typedef enum dtr_optimizer_kind {
     DTR_OPT_SGD = 0,    /**< momentum, Nesterov, L2 weight decay (added to the gradient) */
     DTR_OPT_ADAM = 1,   /**< L2 weight decay added to the gradient, as torch.optim.Adam */
     DTR_OPT_ADAMW = 2,  /**< decoupled weight decay */
-    DTR_OPT_LAMB = 3    /**< layer-wise trust ratio over AdamW-style updates (You et al.) */
+    DTR_OPT_LAMB = 3,   /**< layer-wise trust ratio over AdamW-style updates (You et al.) */
+    DTR_OPT_RMSPROP = 4,/**< torch.optim.RMSprop (not centered): square average with smoothing
+                             beta2 (its alpha; default 0.99), eps added to its root, L2 weight
+                             decay, optional momentum */
+    DTR_OPT_ADAGRAD = 5 /**< torch.optim.Adagrad: the sum of squared gradients, eps (default
+                             1e-10) added to its root, L2 weight decay */
 } dtr_optimizer_kind;
 
 typedef enum dtr_schedule_kind {
@@ -1478,11 +1483,12 @@ typedef enum dtr_nonfinite_policy {
 typedef struct dtr_optimizer_config {
     dtr_optimizer_kind kind;
     dtr_schedule schedule;  /**< schedule.lr is the learning rate */
-    float momentum;         /**< SGD */
+    float momentum;         /**< SGD, RMSprop */
     int nesterov;           /**< SGD */
     float dampening;        /**< SGD */
-    double beta1, beta2;    /**< Adam family moments (defaults 0.9, 0.999); double so 1 - beta is exact as in PyTorch */
-    float eps;              /**< Adam family (default 1e-8; LAMB 1e-6) */
+    double beta1, beta2;    /**< Adam family moments (defaults 0.9, 0.999); RMSprop's alpha is beta2 (default
+                                 0.99); double so 1 - beta is exact as in PyTorch */
+    float eps;              /**< Adam family, RMSprop (default 1e-8; LAMB 1e-6; Adagrad 1e-10) */
     float weight_decay;
     float clip_norm;        /**< > 0: clip the global gradient norm before each update */
     int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
@@ -1548,7 +1554,8 @@ DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
 /** The optimizer's moment buffers: `count` buffers of dtr_model_numel floats each (SGD with
- *  momentum: 1; the Adam family and LAMB: 2), NULL past the end. For checkpoints, prefer
+ *  momentum: 1; the Adam family and LAMB: 2, m and v; RMSprop: the square average, then the
+ *  momentum buffer with momentum; Adagrad: 1, the sum of squares), NULL past the end. For checkpoints, prefer
  *  dtr_optimizer_state, which lists every piece of the optimizer's state.
  *  Thread safety: the model's context thread. */
 DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);

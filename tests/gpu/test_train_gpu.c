@@ -1,7 +1,8 @@
 /* tests/gpu/test_train_gpu.c: training on the GPU against the CPU (make test-gpu). Every
- * optimizer (SGD with momentum, Adam, AdamW, LAMB; with gradient clipping) takes the same
- * steps on a small MLP on both backends and must leave the same parameters (with bf16
- * activations: the CPU's bf16 run's, within 1e-2 on a GPU); the loss scaler
+ * optimizer (SGD with momentum, Adam, AdamW, LAMB, RMSprop with and without momentum,
+ * Adagrad; with gradient clipping) takes the same steps on a small MLP on both backends and
+ * must leave the same parameters (with bf16 activations: the CPU's bf16 run's, within 1e-2
+ * on a GPU); the loss scaler
  * must skip, and report, a step whose gradients overflowed on the GPU, leaving the weights
  * alone
  * alone; weights saved from the GPU must load into a CPU model unchanged; a full-state
@@ -124,15 +125,16 @@ static double max_rel(const float *a, const float *b, int64_t n) {
 }
 
 static void test_optimizers(void) {
-    static const dtr_optimizer_kind kinds[4] = {DTR_OPT_SGD, DTR_OPT_ADAM, DTR_OPT_ADAMW, DTR_OPT_LAMB};
-    static const char *names[4] = {"sgd", "adam", "adamw", "lamb"};
+    static const dtr_optimizer_kind kinds[7] = {DTR_OPT_SGD, DTR_OPT_ADAM, DTR_OPT_ADAMW, DTR_OPT_LAMB, DTR_OPT_RMSPROP, DTR_OPT_RMSPROP,
+                                                DTR_OPT_ADAGRAD};
+    static const char *names[7] = {"sgd", "adam", "adamw", "lamb", "rmsprop", "rmsprop with momentum", "adagrad"};
     int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT);
     float *a = (float *)malloc((size_t)n * sizeof(float)), *b = (float *)malloc((size_t)n * sizeof(float)), la = 0, lb = 0;
     int k, clip;
-    for (k = 0; k < 4; k++)
+    for (k = 0; k < 7; k++)
         for (clip = 0; clip < 2; clip++) {
             dtr_optimizer_config oc = dtr_optimizer_config_init(kinds[k], kinds[k] == DTR_OPT_SGD ? 0.1f : 0.01f);
-            oc.momentum = kinds[k] == DTR_OPT_SGD ? 0.9f : 0.0f;
+            oc.momentum = kinds[k] == DTR_OPT_SGD || k == 5 ? 0.9f : 0.0f;
             oc.weight_decay = 0.01f;
             oc.clip_norm = clip ? 0.05f : 0.0f;   /* small: the clip acts */
             CHECK_MSG(train(0, &oc, a, &la) && train(1, &oc, b, &lb), "%s clip %d did not run", names[k], clip);
