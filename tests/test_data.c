@@ -1,5 +1,6 @@
 /* tests/test_data.c: the datasets of the data pipeline against known contents.
- * In-memory arrays (copied and borrowed, label checks), subsets, feature statistics,
+ * In-memory arrays (copied and borrowed, label checks), subsets, sliding windows over a time
+ * series (contents, counts, horizons, a CSV series through a loader, errors), feature statistics,
  * application callbacks; CSV (headers detected or given, label by index or name, ignored
  * columns, regression and text class labels, quoting, CRLF, BOM, delimiters, number
  * syntax) and one bad file per error with the line, column and column name checked; IDX
@@ -240,6 +241,75 @@ static void test_custom_dataset(void) {
 
 static dtr_result csv_open(const char *text, const dtr_csv_config *cfg, dtr_dataset **ds) {
     return dtr_dataset_csv_from_buffer(text, strlen(text), cfg, ds, g_err, sizeof g_err);
+}
+
+/* sliding windows over a series of 10 steps x = (t, 10 + t), y = 100 + t: contents, counts,
+   horizon 0, a CSV price series through a loader, and the errors */
+static void test_windows(void) {
+    float x[10 * 2], y[10], wx[3 * 2], wy;
+    dtr_memory_dataset_config c = dtr_memory_dataset_config_init();
+    dtr_window_config wc = dtr_window_config_init();
+    dtr_dataset *ds = NULL, *w = NULL;
+    const dtr_sample_layout *L;
+    int t;
+    for (t = 0; t < 10; t++) x[2 * t] = (float)t, x[2 * t + 1] = (float)(10 + t), y[t] = (float)(100 + t);
+    c.count = 10, c.layout.x_ndim = 1, c.layout.x_shape[0] = 2, c.layout.y_dtype = DTR_F32, c.x = x, c.y = y;
+    CHECK_OK(NULL, dtr_dataset_from_memory(&c, &ds, g_err, sizeof g_err));
+    if (!ds) return;
+    wc.window = 3, wc.stride = 2;   /* steps 0-2 -> y of step 3, 2-4 -> 5, 4-6 -> 7, 6-8 -> 9 */
+    CHECK_OK(NULL, dtr_dataset_windows(ds, &wc, &w, g_err, sizeof g_err));
+    if (!w) return;
+    L = dtr_dataset_layout(w);
+    CHECK(dtr_dataset_count(w) == 4 && L->x_ndim == 2 && L->x_shape[0] == 3 && L->x_shape[1] == 2 && L->y_dtype == DTR_F32);
+    CHECK_OK(NULL, dtr_dataset_get(w, 1, wx, &wy, g_err, sizeof g_err));
+    CHECK(wx[0] == 2.0f && wx[1] == 12.0f && wx[4] == 4.0f && wx[5] == 14.0f && wy == 105.0f);
+    CHECK_OK(NULL, dtr_dataset_get(w, 3, wx, &wy, g_err, sizeof g_err));
+    CHECK(wx[0] == 6.0f && wx[5] == 18.0f && wy == 109.0f);
+    CHECK_EQ_INT(dtr_dataset_get(w, 4, wx, &wy, g_err, sizeof g_err), DTR_INVALID_ARGUMENT);
+    dtr_dataset_destroy(w);
+    wc.stride = 1, wc.horizon = 0;   /* the last step's own label: 8 windows */
+    CHECK_OK(NULL, dtr_dataset_windows(ds, &wc, &w, g_err, sizeof g_err));
+    CHECK_EQ_INT(dtr_dataset_count(w), 8);
+    CHECK_OK(NULL, dtr_dataset_get(w, 7, wx, &wy, g_err, sizeof g_err));
+    CHECK(wx[0] == 7.0f && wx[4] == 9.0f && wy == 109.0f);
+    dtr_dataset_destroy(w);
+    wc.window = 10, wc.horizon = 1;   /* too short: no window */
+    CHECK_OK(NULL, dtr_dataset_windows(ds, &wc, &w, g_err, sizeof g_err));
+    CHECK_EQ_INT(dtr_dataset_count(w), 0);
+    dtr_dataset_destroy(w);
+    wc.window = 0;
+    CHECK_EQ_INT(dtr_dataset_windows(ds, &wc, &w, g_err, sizeof g_err), DTR_INVALID_ARGUMENT);
+    CHECK(w == NULL && strstr(g_err, "need window, stride >= 1") != NULL);
+    wc.window = 2, wc.horizon = -1;
+    CHECK_EQ_INT(dtr_dataset_windows(ds, &wc, &w, g_err, sizeof g_err), DTR_INVALID_ARGUMENT);
+    CHECK_EQ_INT(dtr_dataset_windows(NULL, &wc, &w, g_err, sizeof g_err), DTR_NULL_HANDLE);
+    dtr_dataset_destroy(ds);
+    {   /* a CSV series (price, volume; the next close as the target) through a shuffling loader */
+        static const char csv[] = "price,volume,next\n1,10,2\n2,20,3\n3,30,4\n4,40,5\n5,50,6\n6,60,7\n";
+        dtr_csv_config cc = dtr_csv_config_init();
+        dtr_loader_config lc = dtr_loader_config_init();
+        dtr_loader *ld = NULL;
+        dtr_batch b;
+        int64_t seen = 0, k;
+        cc.label_kind = DTR_LABEL_REGRESSION;
+        CHECK_OK(NULL, dtr_dataset_csv_from_buffer(csv, sizeof csv - 1, &cc, &ds, g_err, sizeof g_err));
+        wc = dtr_window_config_init(), wc.window = 4, wc.horizon = 0;
+        CHECK_OK(NULL, dtr_dataset_windows(ds, &wc, &w, g_err, sizeof g_err));
+        lc.batch_size = 2, lc.shuffle = 1, lc.seed = 3;
+        CHECK_OK(NULL, dtr_loader_create(w, &lc, &ld, g_err, sizeof g_err));
+        for (k = 0; ld && k < dtr_loader_batches(ld) && dtr_loader_next(ld, &b) == DTR_OK; k++) {   /* one epoch */
+            const float *bx = (const float *)b.x, *by = (const float *)b.y;
+            int i;
+            CHECK(b.x_ndim == 3 && b.x_shape[1] == 4 && b.x_shape[2] == 2);
+            for (i = 0; i < b.size; i++)   /* window from price p: prices p..p+3, target p + 4 */
+                CHECK(bx[i * 8 + 6] == bx[i * 8] + 3.0f && bx[i * 8 + 7] == 10.0f * bx[i * 8 + 6] && by[i] == bx[i * 8 + 6] + 1.0f);
+            seen += b.size;
+        }
+        CHECK_EQ_INT(seen, 3);
+        dtr_loader_destroy(ld);
+        dtr_dataset_destroy(w);
+        dtr_dataset_destroy(ds);
+    }
 }
 
 static void test_csv_basic(void) {
@@ -977,6 +1047,7 @@ int main(void) {
     if (!make_tmp_dir("dtr_data", g_dir, sizeof g_dir)) return 2;
     RUN(test_memory_dataset);
     RUN(test_subset_and_stats);
+    RUN(test_windows);
     RUN(test_custom_dataset);
     RUN(test_csv_basic);
     RUN(test_csv_columns);

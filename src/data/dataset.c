@@ -437,6 +437,71 @@ dtr_result dtr_dataset_subset(dtr_dataset *base, const int64_t *indices, int64_t
     return DTR_OK;
 }
 
+/* ---- sliding windows over the steps of a time series ---- */
+
+typedef struct dtr__window_ds {
+    dtr_dataset *base;
+    dtr_window_config cfg;
+    size_t step_bytes;                /* one step's x */
+} dtr__window_ds;
+
+dtr_window_config dtr_window_config_init(void) {
+    dtr_window_config c;
+    c.window = 0, c.stride = 1, c.horizon = 1;
+    return c;
+}
+
+/* window `index`: its steps' x stacked, y the label `horizon` steps after its last (a scratch
+   x for that step's read: get may run on several threads) */
+static dtr_result dtr__window_get(dtr_dataset *ds, int64_t index, void *x, void *y, char *err, size_t errlen) {
+    const dtr__window_ds *w = (const dtr__window_ds *)ds->impl;
+    int64_t start = index * w->cfg.stride, k, last = w->cfg.window - 1;
+    void *scratch = NULL;
+    dtr_result r = DTR_OK;
+    for (k = 0; k <= last && r == DTR_OK; k++)
+        r = w->base->get(w->base, start + k, (char *)x + (size_t)k * w->step_bytes, k == last && w->cfg.horizon == 0 ? y : NULL, err, errlen);
+    if (r != DTR_OK || !y || w->cfg.horizon == 0) return r;
+    if (!(scratch = dtr__malloc(&ds->alloc, w->step_bytes)))
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory reading window %lld", ds->name, (long long)index);
+    r = w->base->get(w->base, start + last + w->cfg.horizon, scratch, y, err, errlen);
+    dtr__free(&ds->alloc, scratch);
+    return r;
+}
+
+static void dtr__window_close(dtr_dataset *ds) { dtr__free(&ds->alloc, ds->impl); }
+
+dtr_result dtr_dataset_windows(dtr_dataset *base, const dtr_window_config *cfg, dtr_dataset **out, char *err, size_t errlen) {
+    dtr_sample_layout l;
+    dtr__window_ds *w;
+    dtr_dataset *ds;
+    int64_t n;
+    dtr_result r;
+    if (err && errlen) err[0] = '\0';
+    if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_dataset_windows: out is NULL");
+    *out = NULL;
+    if (!base || !cfg) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_dataset_windows: base or cfg is NULL");
+    if (cfg->window < 1 || cfg->stride < 1 || cfg->horizon < 0)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: windows of %lld steps every %lld, horizon %lld: need window, stride >= 1 and "
+                         "horizon >= 0", base->name, (long long)cfg->window, (long long)cfg->stride, (long long)cfg->horizon);
+    if (base->layout.x_ndim >= DTR_MAX_DIMS - 1)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: a window of samples of %d axes would have too many", base->name,
+                         base->layout.x_ndim);
+    l = base->layout;
+    memmove(l.x_shape + 1, l.x_shape, (size_t)l.x_ndim * sizeof(int64_t));
+    l.x_shape[0] = cfg->window, l.x_ndim++;
+    n = base->count >= cfg->window + cfg->horizon ? (base->count - cfg->window - cfg->horizon) / cfg->stride + 1 : 0;
+    if ((r = dtr__dataset_new(&base->alloc, n, &l, base->name, &ds, err, errlen)) != DTR_OK) return r;
+    if (!(w = (dtr__window_ds *)dtr__calloc(&base->alloc, sizeof *w))) {
+        dtr__free(&base->alloc, ds);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory for windows", base->name);
+    }
+    w->base = base, w->cfg = *cfg, w->step_bytes = (size_t)base->x_numel * dtr_dtype_size(base->layout.x_dtype);
+    ds->impl = w, ds->base = base, ds->in_memory = base->in_memory;
+    ds->get = dtr__window_get, ds->close = dtr__window_close;
+    *out = ds;
+    return DTR_OK;
+}
+
 /* ---- feature statistics ---- */
 
 dtr_result dtr_dataset_feature_stats(dtr_dataset *ds, int per_channel, float *mean, float *std, char *err,

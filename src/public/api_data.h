@@ -123,6 +123,29 @@ DTR_API const char *dtr_dataset_class_name(const dtr_dataset *ds, int k);
 DTR_API dtr_result dtr_dataset_subset(dtr_dataset *base, const int64_t *indices, int64_t n, dtr_dataset **out,
                                       char *err, size_t errlen);
 
+/** Sliding windows over a time series (dtr_dataset_windows). */
+typedef struct dtr_window_config {
+    int64_t window;    /**< steps in a window (required, >= 1) */
+    int64_t stride;    /**< steps between window starts (default 1) */
+    int64_t horizon;   /**< the label is the one `horizon` steps after the window's last step:
+                            1 (default) the next step's (forecasting), 0 the last step's own */
+} dtr_window_config;
+
+/** Defaults: stride 1, horizon 1; window must be set. Thread safety: thread safe. */
+DTR_API dtr_window_config dtr_window_config_init(void);
+
+/** A dataset of windows over `base`, whose samples are the steps of one time series in order
+ *  (a CSV of readings or prices, one row a step): sample s is steps [s stride, s stride +
+ *  window), x their features stacked (window, x_shape...) (an LSTM's (T, F) input), y the
+ *  label of step s stride + window - 1 + horizon (base's y layout). count = (base count -
+ *  window - horizon) / stride + 1 (0 when shorter). Samples are read from `base`, which must
+ *  stay open while the windows are used; a loader shuffles and batches them as any dataset.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (window or stride < 1, horizon < 0,
+ *          base samples of DTR_MAX_DIMS - 1 axes), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe (see the section comment). */
+DTR_API dtr_result dtr_dataset_windows(dtr_dataset *base, const dtr_window_config *cfg, dtr_dataset **out, char *err,
+                                       size_t errlen);
+
 /** Mean and standard deviation of the f32 features over the whole dataset, computed in
  *  double: per element of x (`per_channel` 0: x_numel values each) or per channel of
  *  (C, ...) samples (`per_channel` 1: x_shape[0] values each). Feed them to the loader's
