@@ -1,6 +1,7 @@
 /* ============================================================================
- * Neural-network ops: softmax family, cross-entropy, embedding, layer norm, dropout and fused
- * attention (causal or not, self or cross).
+ * Neural-network ops: softmax family, cross-entropy, embedding, layer and batch norm, the LSTM
+ * cell, the LSTM and GRU recurrences over a sequence (one op each: a worker walks its batch
+ * rows through every step), gather, dropout and fused attention (causal or not, self or cross).
  * Shapes: R rows of length C (all leading axes flattened), B batch, T time, H heads, D head dim.
  * ==========================================================================*/
 #include "../public/api.h"
