@@ -12353,11 +12353,10 @@ typedef struct dtr__lstm_job {
    the step before's y), and backward passes its whole gradient g on to the step before */
 static int dtr__rnn_padded(const int32_t *len, int64_t t, int64_t r) { return len && t >= len[r]; }
 
-/* a padded row: forward copies the step before's y row (n floats); backward zeroes its gates'
-   gradients (ga, and gb if any, m floats each) and adds g's row into carry's */
-static void dtr__rnn_pad_row(float *y, const float *yprev, int64_t n, float *ga, float *gb, int64_t m, const float *g, float *carry) {
+/* a padded row's backward: its gates' gradients (ga, and gb if any, m floats each) are zero
+   and its gradient g (n floats) goes on whole into the step before's, carry (if any) */
+static void dtr__rnn_pad_grad(float *ga, float *gb, int64_t m, const float *g, float *carry, int64_t n) {
     int64_t i;
-    if (y) memcpy(y, yprev, (size_t)n * sizeof(float));
     if (ga) memset(ga, 0, (size_t)m * sizeof(float));
     if (gb) memset(gb, 0, (size_t)m * sizeof(float));
     for (i = 0; carry && i < n; i++) carry[i] += g[i];
@@ -12379,7 +12378,7 @@ DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
         float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *h = j->y + r * 2 * H, *c2 = h + H, *t = j->ts;
         const float *cr = j->c ? j->c + r * j->ldc : NULL, *gr = j->gx ? j->gx + r * 4 * H : NULL;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(h, j->yprev + r * 2 * H, 2 * H, NULL, NULL, 0, NULL, NULL);
+            memcpy(h, j->yprev + r * 2 * H, (size_t)(2 * H) * sizeof(float));   /* the state carried */
             continue;
         }
         if (gr) dtr__lstm_gates_in(ai, gr, j->bias, j->hh, 4 * H);
@@ -12406,7 +12405,7 @@ DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         float di[64], df[64], dg[64], dout[64], dcp[64], *q = j->ga ? j->ga + r * 4 * H : NULL, *gc = j->gc ? j->gc + r * j->ldgc : NULL;
         int64_t k0, k, n;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(NULL, NULL, 2 * H, q, NULL, 4 * H, gh, j->carry + r * 2 * H);
+            dtr__rnn_pad_grad(q, NULL, 4 * H, gh, j->carry + r * 2 * H, 2 * H);
             continue;
         }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
@@ -12429,11 +12428,10 @@ static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__l
 DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
-/* the cell's forward (bwd 0) or backward over `rows` rows, on the pool */
-static void dtr__lstm_run(dtr_context *ctx, dtr__lstm_job *j, int64_t rows, int bwd) {
-    dtr__task_fn fn = bwd ? (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)
-                          : (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range);
-    dtr__pool_run(ctx->pool, rows, 8, fn, j);
+/* the cell pass, forward (bwd 0) or backward, in the CPU's instruction set */
+static dtr__task_fn dtr__lstm_cell_fn(int bwd) {
+    if (bwd) return dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range;
+    return dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range;
 }
 
 /* the cell op's job: gates in[0], c in[1] (both dense), y = [h | c'] */
@@ -12451,14 +12449,14 @@ static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd, int64_t *rows) {
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t rows;
     dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
-    dtr__lstm_run(ctx, &j, rows, 0);
+    dtr__pool_run(ctx->pool, rows, 8, dtr__lstm_cell_fn(0), &j);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t rows;
     dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
-    if (j.ga || j.gc) dtr__lstm_run(ctx, &j, rows, 1);
+    if (j.ga || j.gc) dtr__pool_run(ctx->pool, rows, 8, dtr__lstm_cell_fn(1), &j);
     return DTR_OK;
 }
 
@@ -12547,7 +12545,7 @@ DTR__SIMD_BODY void dtr__gru_fwd_body(void *arg, int64_t b, int64_t e, int w) {
         float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *y = j->y + r * H;
         const float *xr = j->gx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hp = j->h ? j->h + r * j->ldh : NULL, *bs = j->bias;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(y, hp, H, NULL, NULL, 0, NULL, NULL);
+            memcpy(y, hp, (size_t)H * sizeof(float));   /* the state carried */
             continue;
         }
         if (j->hh && bs) DTR__ELEMENTWISE(0, 3 * H, ar[i] = ar[i] + bs[i]);   /* h W^T + b, as dtr_linear */
@@ -12570,7 +12568,7 @@ DTR__SIMD_BODY void dtr__gru_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         float dh[64], *gh = j->gh ? j->gh + r * j->ldh : NULL;
         int64_t k0, k, n;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(NULL, NULL, H, xr, hr, 3 * H, g, gh);
+            dtr__rnn_pad_grad(xr, hr, 3 * H, g, gh, H);
             continue;
         }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time: h's share through a local array */
@@ -12634,8 +12632,9 @@ typedef struct dtr__rnn_walk {
 /* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
 static void dtr__rnn_cells(const dtr__rnn_walk *k, void *job, int64_t b, int64_t e, int w) {
     int avx = dtr__simd_avx2();
-    dtr__task_fn fn = k->s.gru ? (k->bwd ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range) : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range))
-                               : (k->bwd ? (avx ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range) : (avx ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range));
+    dtr__task_fn fn = !k->s.gru ? dtr__lstm_cell_fn(k->bwd)
+                      : k->bwd  ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range)
+                                : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range);
     if (w < 0) dtr__pool_run(k->ctx->pool, e, 8, fn, job);
     else fn(job, b, e, w);
 }
@@ -13120,7 +13119,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13124 "dtrain.h"
+#line 13123 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14027,7 +14026,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14031 "dtrain.h"
+#line 14030 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14289,7 +14288,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14293 "dtrain.h"
+#line 14292 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14690,7 +14689,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14694 "dtrain.h"
+#line 14693 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14824,7 +14823,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14828 "dtrain.h"
+#line 14827 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15601,7 +15600,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15605 "dtrain.h"
+#line 15604 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15993,7 +15992,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15997 "dtrain.h"
+#line 15996 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16269,7 +16268,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16273 "dtrain.h"
+#line 16272 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16506,7 +16505,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16510 "dtrain.h"
+#line 16509 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16761,7 +16760,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16765 "dtrain.h"
+#line 16764 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17313,7 +17312,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17317 "dtrain.h"
+#line 17316 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17451,7 +17450,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17455 "dtrain.h"
+#line 17454 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17798,7 +17797,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17802 "dtrain.h"
+#line 17801 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17864,7 +17863,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17868 "dtrain.h"
+#line 17867 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18101,7 +18100,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18105 "dtrain.h"
+#line 18104 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18850,7 +18849,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18854 "dtrain.h"
+#line 18853 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19303,7 +19302,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19307 "dtrain.h"
+#line 19306 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19359,7 +19358,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19363 "dtrain.h"
+#line 19362 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20201,7 +20200,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20205 "dtrain.h"
+#line 20204 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20782,7 +20781,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20786 "dtrain.h"
+#line 20785 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21413,7 +21412,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21417 "dtrain.h"
+#line 21416 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22209,7 +22208,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22213 "dtrain.h"
+#line 22212 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22562,7 +22561,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22566 "dtrain.h"
+#line 22565 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22752,7 +22751,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22756 "dtrain.h"
+#line 22755 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22933,7 +22932,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22937 "dtrain.h"
+#line 22936 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23708,7 +23707,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23712 "dtrain.h"
+#line 23711 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24225,7 +24224,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24229 "dtrain.h"
+#line 24228 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25020,7 +25019,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25024 "dtrain.h"
+#line 25023 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26268,7 +26267,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26272 "dtrain.h"
+#line 26271 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26890,7 +26889,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26894 "dtrain.h"
+#line 26893 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27391,7 +27390,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27395 "dtrain.h"
+#line 27394 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28121,7 +28120,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28125 "dtrain.h"
+#line 28124 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28357,7 +28356,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28361 "dtrain.h"
+#line 28360 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28486,7 +28485,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28490 "dtrain.h"
+#line 28489 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28923,7 +28922,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28927 "dtrain.h"
+#line 28926 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29416,7 +29415,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29420 "dtrain.h"
+#line 29419 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29965,7 +29964,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29969 "dtrain.h"
+#line 29968 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30471,7 +30470,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30475 "dtrain.h"
+#line 30474 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32020,7 +32019,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32024 "dtrain.h"
+#line 32023 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32074,7 +32073,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32078 "dtrain.h"
+#line 32077 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33252,7 +33251,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33256 "dtrain.h"
+#line 33255 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34155,7 +34154,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34159 "dtrain.h"
+#line 34158 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35633,7 +35632,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35637 "dtrain.h"
+#line 35636 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36026,7 +36025,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36030 "dtrain.h"
+#line 36029 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36175,7 +36174,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36179 "dtrain.h"
+#line 36178 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

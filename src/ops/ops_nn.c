@@ -858,11 +858,10 @@ typedef struct dtr__lstm_job {
    the step before's y), and backward passes its whole gradient g on to the step before */
 static int dtr__rnn_padded(const int32_t *len, int64_t t, int64_t r) { return len && t >= len[r]; }
 
-/* a padded row: forward copies the step before's y row (n floats); backward zeroes its gates'
-   gradients (ga, and gb if any, m floats each) and adds g's row into carry's */
-static void dtr__rnn_pad_row(float *y, const float *yprev, int64_t n, float *ga, float *gb, int64_t m, const float *g, float *carry) {
+/* a padded row's backward: its gates' gradients (ga, and gb if any, m floats each) are zero
+   and its gradient g (n floats) goes on whole into the step before's, carry (if any) */
+static void dtr__rnn_pad_grad(float *ga, float *gb, int64_t m, const float *g, float *carry, int64_t n) {
     int64_t i;
-    if (y) memcpy(y, yprev, (size_t)n * sizeof(float));
     if (ga) memset(ga, 0, (size_t)m * sizeof(float));
     if (gb) memset(gb, 0, (size_t)m * sizeof(float));
     for (i = 0; carry && i < n; i++) carry[i] += g[i];
@@ -884,7 +883,7 @@ DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
         float *ai = j->a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *h = j->y + r * 2 * H, *c2 = h + H, *t = j->ts;
         const float *cr = j->c ? j->c + r * j->ldc : NULL, *gr = j->gx ? j->gx + r * 4 * H : NULL;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(h, j->yprev + r * 2 * H, 2 * H, NULL, NULL, 0, NULL, NULL);
+            memcpy(h, j->yprev + r * 2 * H, (size_t)(2 * H) * sizeof(float));   /* the state carried */
             continue;
         }
         if (gr) dtr__lstm_gates_in(ai, gr, j->bias, j->hh, 4 * H);
@@ -911,7 +910,7 @@ DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         float di[64], df[64], dg[64], dout[64], dcp[64], *q = j->ga ? j->ga + r * 4 * H : NULL, *gc = j->gc ? j->gc + r * j->ldgc : NULL;
         int64_t k0, k, n;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(NULL, NULL, 2 * H, q, NULL, 4 * H, gh, j->carry + r * 2 * H);
+            dtr__rnn_pad_grad(q, NULL, 4 * H, gh, j->carry + r * 2 * H, 2 * H);
             continue;
         }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
@@ -934,11 +933,10 @@ static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__l
 DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
-/* the cell's forward (bwd 0) or backward over `rows` rows, on the pool */
-static void dtr__lstm_run(dtr_context *ctx, dtr__lstm_job *j, int64_t rows, int bwd) {
-    dtr__task_fn fn = bwd ? (dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range)
-                          : (dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range);
-    dtr__pool_run(ctx->pool, rows, 8, fn, j);
+/* the cell pass, forward (bwd 0) or backward, in the CPU's instruction set */
+static dtr__task_fn dtr__lstm_cell_fn(int bwd) {
+    if (bwd) return dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range;
+    return dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range;
 }
 
 /* the cell op's job: gates in[0], c in[1] (both dense), y = [h | c'] */
@@ -956,14 +954,14 @@ static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd, int64_t *rows) {
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t rows;
     dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
-    dtr__lstm_run(ctx, &j, rows, 0);
+    dtr__pool_run(ctx->pool, rows, 8, dtr__lstm_cell_fn(0), &j);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t rows;
     dtr__lstm_job j = dtr__lstm_job_of(nd, &rows);
-    if (j.ga || j.gc) dtr__lstm_run(ctx, &j, rows, 1);
+    if (j.ga || j.gc) dtr__pool_run(ctx->pool, rows, 8, dtr__lstm_cell_fn(1), &j);
     return DTR_OK;
 }
 
@@ -1052,7 +1050,7 @@ DTR__SIMD_BODY void dtr__gru_fwd_body(void *arg, int64_t b, int64_t e, int w) {
         float *ar = j->a + r * 4 * H, *az = ar + H, *an = az + H, *hn = an + H, *y = j->y + r * H;
         const float *xr = j->gx + r * 3 * H, *xz = xr + H, *xn = xz + H, *hp = j->h ? j->h + r * j->ldh : NULL, *bs = j->bias;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(y, hp, H, NULL, NULL, 0, NULL, NULL);
+            memcpy(y, hp, (size_t)H * sizeof(float));   /* the state carried */
             continue;
         }
         if (j->hh && bs) DTR__ELEMENTWISE(0, 3 * H, ar[i] = ar[i] + bs[i]);   /* h W^T + b, as dtr_linear */
@@ -1075,7 +1073,7 @@ DTR__SIMD_BODY void dtr__gru_bwd_body(void *arg, int64_t b, int64_t e, int w) {
         float dh[64], *gh = j->gh ? j->gh + r * j->ldh : NULL;
         int64_t k0, k, n;
         if (dtr__rnn_padded(j->len, j->t, r)) {
-            dtr__rnn_pad_row(NULL, NULL, H, xr, hr, 3 * H, g, gh);
+            dtr__rnn_pad_grad(xr, hr, 3 * H, g, gh, H);
             continue;
         }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time: h's share through a local array */
@@ -1139,8 +1137,9 @@ typedef struct dtr__rnn_walk {
 /* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
 static void dtr__rnn_cells(const dtr__rnn_walk *k, void *job, int64_t b, int64_t e, int w) {
     int avx = dtr__simd_avx2();
-    dtr__task_fn fn = k->s.gru ? (k->bwd ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range) : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range))
-                               : (k->bwd ? (avx ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range) : (avx ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range));
+    dtr__task_fn fn = !k->s.gru ? dtr__lstm_cell_fn(k->bwd)
+                      : k->bwd  ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range)
+                                : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range);
     if (w < 0) dtr__pool_run(k->ctx->pool, e, 8, fn, job);
     else fn(job, b, e, w);
 }
