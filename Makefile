@@ -190,7 +190,8 @@ endif
 .PHONY: examples-gpu test-cuemu
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
-        fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full test-elastic-full soak
+        fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full test-elastic-full soak \
+        test-arm64 test-arm64-if-available
 .DEFAULT_GOAL := all
 
 # all: the library, every test, example and benchmark.
@@ -481,6 +482,7 @@ check:
 	@$(MAKE) --no-print-directory private-check
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
+	@$(MAKE) --no-print-directory test-arm64-if-available
 	tests/run.sh $(TESTS) $(EMU_TESTS) $(EMU_REVERSED)
 
 # soak: tests/test_fabric's SIGKILL of a rank in the middle of collectives over libfabric's shm
@@ -549,6 +551,32 @@ test-sanitize: deps
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer" $(patsubst $(BUILD)/%,build-asan/%,$(EMU_TESTS))
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 DTR_TEST_QUICK=1 TEST_TIMEOUT=1500 \
 	    tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS) $(EMU_TESTS))
+
+# test-arm64: the library and ARM_TESTS cross-compiled for AArch64 by ARM_CC (warnings are
+# errors there too) into ARM_BUILD, and run under qemu-aarch64 in user mode (QEMU_LD_PREFIX: the
+# cross C library), DTR_TEST_QUICK=1. The default set checks what differs on ARM: the NEON GEMM
+# kernel and the portable one, the element formulas, the optimizers against PyTorch, and every
+# op's forward and backward (test_grad: finite differences, the generic element loops). About 3
+# minutes on 2 cores; check runs it (test-arm64-if-available). ARM_TESTS="$(notdir $(TESTS))" runs
+# every program: those that start other programs need qemu-aarch64 registered with binfmt_misc
+# (Debian's qemu-user-binfmt), and the data tests Fashion-MNIST unpacked (DTR_FMNIST_DIR), as
+# the arm64 build has no zlib; libfabric's tests skip loudly.
+ARM_CC      ?= aarch64-linux-gnu-gcc
+ARM_BUILD   ?= build-arm64
+ARM_SYSROOT ?= /usr/aarch64-linux-gnu
+QEMU_ARM    ?= qemu-aarch64
+ARM_TESTS   ?= test_gemm test_formulas test_optim test_autograd test_grad
+ARM_PROGRAMS = $(addprefix $(ARM_BUILD)/tests/,$(ARM_TESTS))
+test-arm64:
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(ARM_BUILD) CC=$(ARM_CC) USE_ZLIB=0 USE_STB_IMAGE=0 \
+	    USE_FABRIC=0 USE_NCCL=0 USE_CUDA=0 NVCC= HAVE_MPICC=0 HAVE_OPENBLAS=0 $(ARM_BUILD)/libdtrain.a $(ARM_PROGRAMS)
+	QEMU_LD_PREFIX=$(ARM_SYSROOT) TEST_WRAPPER=$(QEMU_ARM) DTR_TEST_QUICK=1 tests/run.sh $(ARM_PROGRAMS)
+
+# test-arm64-if-available: test-arm64 when the cross compiler and qemu are there (used by check).
+test-arm64-if-available:
+	@if command -v $(ARM_CC) >/dev/null 2>&1 && command -v $(QEMU_ARM) >/dev/null 2>&1; then \
+	    $(MAKE) --no-print-directory test-arm64; \
+	else echo "*** $(ARM_CC) or $(QEMU_ARM) not found (gcc-aarch64-linux-gnu, qemu-user; make deps): test-arm64 SKIPPED ***"; fi
 
 # fuzz: builds every tests/fuzz/fuzz_*.c with libFuzzer + ASan + UBSan and runs each for
 # FUZZ_SECONDS over tests/fuzz/corpus/<name>/ (new inputs go to $(BUILD)/fuzz/work/, crashes
@@ -640,7 +668,7 @@ uninstall:
 
 # clean: removes the build folders.
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan $(ARM_BUILD)
 
 # help: this list.
 help:
@@ -662,13 +690,15 @@ help:
 	@echo "                   TRANSPORT=local (threads; default) or libfabric [PROVIDER=shm|'tcp;ofi_rxm'] (processes, dtrun)"
 	@echo "  test             deps + check: what CI runs"
 	@echo "  check            amalgamate --check, build with -Werror, header checks, header-only app, nvcc/comm"
-	@echo "                   compile, install + CMake and pkg-config consumers (built and run), fuzz smoke, unit tests"
+	@echo "                   compile, install + CMake and pkg-config consumers (built and run), fuzz smoke, AArch64"
+	@echo "                   tests under qemu, unit tests"
 	@echo "  cmake-consumer   only the install and consumer checks (tests/cmake_consumer/check.sh)"
 	@echo "  api-doc          docs/api.md from the headers' doc comments (api-doc-check: is it current?)"
 	@echo "  header-check, header-only   dtrain.h as C99 and C++; an app built from dtrain.h alone"
 	@echo "  private-check    the library exports only the dtr__ symbols other units and tests use"
 	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
+	@echo "  test-arm64       ARM_TESTS cross-compiled for AArch64 ($(ARM_BUILD)/), run under qemu-aarch64 (part of check)"
 	@echo "  test-compress-full  gradient compression accuracy over whole epochs (minutes)"
 	@echo "  test-elastic-full   every fault of the kill matrix over both providers (minutes)"
 	@echo "  soak                SIGKILL mid-collective over libfabric shm SOAK_KILLS times (default 100), JSON summary"
@@ -679,7 +709,7 @@ help:
 	@echo "                   libdtrain_comm + dtrain-comm.pc (dtrain::comm), with nvcc libdtrain_cuda (dtrain::cuda)"
 	@echo "  uninstall        removes it all (DESTDIR honoured by both)"
 	@echo "  deps, bench-deps install the Debian packages for the tests / the benchmarks"
-	@echo "  clean            remove $(BUILD)/ and build-asan/"
+	@echo "  clean            remove $(BUILD)/, build-asan/ and $(ARM_BUILD)/"
 	@echo "Variables (current value):"
 	@echo "  CC=$(CC) CXX=$(CXX) OPT=$(OPT) ARCH=$(ARCH) (portable when empty; ARCH=-march=native tunes for this CPU)"
 	@echo "  WERROR=$(WERROR) EXTRA_CFLAGS=$(EXTRA_CFLAGS) BUILD=$(BUILD) JOBS=$(JOBS)"

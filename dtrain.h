@@ -4840,8 +4840,12 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
                   const float *A, int64_t rsa, int64_t csa,
                   const float *B, int64_t rsb, int64_t csb,
                   float beta, float *C, int64_t ldc);
-/** Name of the GEMM kernel picked at run time ("avx512", "avx2", "generic", "cblas"). */
+/** Name of the GEMM kernel picked at run time ("avx512", "avx2", "neon", "generic", "cblas"). */
 const char *dtr__gemm_kernel_name(void);
+/** Forces the GEMM kernel by name (tests run each one the CPU has); NULL goes back to the
+ *  run-time pick. Returns 1, or 0 (nothing changed) for a name this build or CPU lacks.
+ *  Thread safety: not while products run. */
+int dtr__gemm_force(const char *name);
 /** 1 when the element loops' AVX2 variants run (DTR__TARGET_AVX2: the CPU has AVX2 and
  *  DTRAIN_SIMD is not "generic"; read once). Thread safety: any thread. */
 int dtr__simd_avx2(void);
@@ -5670,7 +5674,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5674 "dtrain.h"
+#line 5678 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6112,7 +6116,8 @@ DTR__HD void dtr__f_adam_apply(float *p, float m, float sv, const dtr__opt_k *k)
     *p -= k->step_size * m / (sv / k->sbc2 + k->eps);
 }
 DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
-    dtr__f_adam_apply(p, *m, sqrtf(dtr__f_adam_moments(p, m, v, g, k, adamw)), k);
+    float nv = dtr__f_adam_moments(p, m, v, g, k, adamw);   /* before *m is read: C leaves the */
+    dtr__f_adam_apply(p, *m, sqrtf(nv), k);                  /* order of arguments open */
 }
 
 /** RMSprop (torch.optim.RMSprop, not centered) with its square average sq and, with `momentum`,
@@ -6167,7 +6172,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6171 "dtrain.h"
+#line 6176 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6229,7 +6234,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6233 "dtrain.h"
+#line 6238 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6608,7 +6613,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6612 "dtrain.h"
+#line 6617 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6651,7 +6656,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6655 "dtrain.h"
+#line 6660 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6685,7 +6690,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6689 "dtrain.h"
+#line 6694 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6744,7 +6749,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6748 "dtrain.h"
+#line 6753 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6818,7 +6823,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6822 "dtrain.h"
+#line 6827 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6886,7 +6891,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6890 "dtrain.h"
+#line 6895 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6961,7 +6966,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6965 "dtrain.h"
+#line 6970 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7313,7 +7318,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7317 "dtrain.h"
+#line 7322 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7338,6 +7343,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
  *     kernel   MR x NR   MC   KC   NC     registers
  *     avx512   8 x 32    64   256  1024   16 zmm accumulators (2 vectors of 16 per row)
  *     avx2     6 x 16    96   256  1024   12 ymm accumulators, FMA
+ *     neon     8 x 12    128  256  1536   24 q accumulators, FMA by lane (AArch64)
  *     generic  4 x 16    128  256  1024   portable C (other compilers and CPUs)
  * The avx512 blocks were measured on Sapphire Rapids (48 KiB L1d, 2 MiB L2): the B
  * micro-panel (32 KiB) stays in L1 and a small A block (64 KiB) close by; larger MC lost
@@ -7345,7 +7351,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
  * prefetching the next 8 rows as it goes: a product of one row (a generation step's linear
  * layers, W^T) packs the whole weight from memory each call, and the rows' starts were stalls
  * (decoding the small GPT: 13.3-15.3 -> 8.1-10.8 ms a token on this project's 2-vCPU machine).
- * The environment variable DTRAIN_GEMM_KERNEL=avx512|avx2|generic forces a kernel (for
+ * The environment variable DTRAIN_GEMM_KERNEL=avx512|avx2|neon|generic forces a kernel (for
  * tests and benchmarks; an unsupported choice is ignored).
  *
  * Edge tiles (M, N not multiples of MR, NR) run the same micro-kernel on zero-padded panels
@@ -7390,6 +7396,12 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
 #define DTR__GEMM_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #else
 #define DTR__GEMM_X86 0
+#endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DTR_NO_SIMD)
+#define DTR__GEMM_NEON 1   /* Advanced SIMD is part of every ARMv8-A core: no run-time check */
+#include <arm_neon.h>
+#else
+#define DTR__GEMM_NEON 0
 #endif
 
 /* ---- kernel table ---- */
@@ -7507,10 +7519,9 @@ static void dtr__gemm_ukr_generic(int64_t kc, const float *a, const float *b, fl
     }
 }
 
-#if DTR__GEMM_X86
-
 /* ---- epilogue of the SIMD kernels ---- */
 
+#if DTR__GEMM_X86 || DTR__GEMM_NEON
 /* Epilogue modes, from the general C = alpha * acc + beta * C (fma(alpha, acc, beta * C)):
  * 0: acc, 1: alpha * acc (C not read), 2: acc + C, 3: fma(alpha, acc, C), 4: general. The
  * shortcuts leave out only multiplications by 1, so every mode rounds like the general one. */
@@ -7519,6 +7530,9 @@ static int dtr__gemm_epilogue_mode(float alpha, float beta, int load_c) {
     if (beta == 1.0f) return alpha == 1.0f ? 2 : 3;
     return 4;
 }
+#endif
+
+#if DTR__GEMM_X86
 
 /* ---- AVX-512 micro-kernel (8 x 32) ---- */
 
@@ -7801,6 +7815,88 @@ static void dtr__gemm_ukr_avx2(int64_t kc, const float *a, const float *b, float
 
 #endif /* DTR__GEMM_X86 */
 
+#if DTR__GEMM_NEON
+
+/* ---- NEON micro-kernel (8 x 12, AArch64) ---- */
+
+/* 24 accumulators (8 rows of 3 vectors of 4) + 2 A vectors + 3 B vectors of the 32 registers;
+ * each k is 24 FMAs by lane (vfmaq_laneq_f32), as BLIS's and OpenBLAS's ARMv8 kernels do. */
+#define DTR__GEMM_NEON_MR 8
+#define DTR__GEMM_NEON_NR 12
+
+#define DTR__GEMM_NEON_FMA_ROW(i, av, lane)                                                      \
+    c##i##0 = vfmaq_laneq_f32(c##i##0, b0, av, lane);                                            \
+    c##i##1 = vfmaq_laneq_f32(c##i##1, b1, av, lane);                                            \
+    c##i##2 = vfmaq_laneq_f32(c##i##2, b2, av, lane);
+
+/* One row of the tile into t (row stride ldt) by the epilogue mode (see dtr__gemm_epilogue_mode). */
+#define DTR__GEMM_NEON_STORE_ROW(i)                                                              \
+    {                                                                                            \
+        float *ti = t + (i) * ldt;                                                               \
+        if (mode >= 2) {                                                                         \
+            float32x4_t o0 = vld1q_f32(ti), o1 = vld1q_f32(ti + 4), o2 = vld1q_f32(ti + 8);      \
+            if (mode == 2) {                                                                     \
+                c##i##0 = vaddq_f32(c##i##0, o0);                                                \
+                c##i##1 = vaddq_f32(c##i##1, o1);                                                \
+                c##i##2 = vaddq_f32(c##i##2, o2);                                                \
+            } else {                                                                             \
+                if (mode == 4) { o0 = vmulq_f32(vb, o0); o1 = vmulq_f32(vb, o1); o2 = vmulq_f32(vb, o2); } \
+                c##i##0 = vfmaq_f32(o0, va, c##i##0);                                            \
+                c##i##1 = vfmaq_f32(o1, va, c##i##1);                                            \
+                c##i##2 = vfmaq_f32(o2, va, c##i##2);                                            \
+            }                                                                                    \
+        } else if (mode == 1) {                                                                  \
+            c##i##0 = vmulq_f32(va, c##i##0);                                                    \
+            c##i##1 = vmulq_f32(va, c##i##1);                                                    \
+            c##i##2 = vmulq_f32(va, c##i##2);                                                    \
+        }                                                                                        \
+        vst1q_f32(ti, c##i##0);                                                                  \
+        vst1q_f32(ti + 4, c##i##1);                                                              \
+        vst1q_f32(ti + 8, c##i##2);                                                              \
+    }
+
+/* Copies an (mv, nv) block between matrices of row strides lds and ldd. */
+static void dtr__gemm_copy_tile(const float *src, int64_t lds, float *dst, int64_t ldd, int mv, int nv) {
+    int i;
+    for (i = 0; i < mv; i++) memcpy(dst + i * ldd, src + i * lds, (size_t)nv * sizeof(float));
+}
+
+static void dtr__gemm_ukr_neon(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+                               float alpha, float beta, int mv, int nv, int load_c) {
+    float32x4_t c00 = vdupq_n_f32(0.0f), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+    float32x4_t c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+    float32x4_t c40 = c00, c41 = c00, c42 = c00, c50 = c00, c51 = c00, c52 = c00;
+    float32x4_t c60 = c00, c61 = c00, c62 = c00, c70 = c00, c71 = c00, c72 = c00;
+    float32x4_t va, vb;
+    float tile[DTR__GEMM_NEON_MR * DTR__GEMM_NEON_NR], *t = c;
+    int64_t k, ldt = ldc;
+    int mode, edge = mv < DTR__GEMM_NEON_MR || nv < DTR__GEMM_NEON_NR;
+    for (k = 0; k < kc; k++) {
+        float32x4_t a0 = vld1q_f32(a), a1 = vld1q_f32(a + 4);
+        float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4), b2 = vld1q_f32(b + 8);
+        DTR__GEMM_NEON_FMA_ROW(0, a0, 0) DTR__GEMM_NEON_FMA_ROW(1, a0, 1)
+        DTR__GEMM_NEON_FMA_ROW(2, a0, 2) DTR__GEMM_NEON_FMA_ROW(3, a0, 3)
+        DTR__GEMM_NEON_FMA_ROW(4, a1, 0) DTR__GEMM_NEON_FMA_ROW(5, a1, 1)
+        DTR__GEMM_NEON_FMA_ROW(6, a1, 2) DTR__GEMM_NEON_FMA_ROW(7, a1, 3)
+        a += DTR__GEMM_NEON_MR;
+        b += DTR__GEMM_NEON_NR;
+    }
+    va = vdupq_n_f32(alpha);
+    vb = vdupq_n_f32(beta);
+    mode = dtr__gemm_epilogue_mode(alpha, beta, load_c);
+    if (edge) {   /* through a full tile, so that edge elements round as inner ones */
+        t = tile, ldt = DTR__GEMM_NEON_NR;
+        memset(tile, 0, sizeof(tile));
+        if (mode >= 2) dtr__gemm_copy_tile(c, ldc, tile, ldt, mv, nv);
+    }
+    DTR__GEMM_NEON_STORE_ROW(0) DTR__GEMM_NEON_STORE_ROW(1) DTR__GEMM_NEON_STORE_ROW(2)
+    DTR__GEMM_NEON_STORE_ROW(3) DTR__GEMM_NEON_STORE_ROW(4) DTR__GEMM_NEON_STORE_ROW(5)
+    DTR__GEMM_NEON_STORE_ROW(6) DTR__GEMM_NEON_STORE_ROW(7)
+    if (edge) dtr__gemm_copy_tile(tile, ldt, c, ldc, mv, nv);
+}
+
+#endif /* DTR__GEMM_NEON */
+
 /* ---- kernel selection ---- */
 
 static const dtr__gemm_kernel dtr__gemm_kernels[] = {
@@ -7810,42 +7906,58 @@ static const dtr__gemm_kernel dtr__gemm_kernels[] = {
     { "avx2", 6, 16, 96, 256, 1024, dtr__gemm_ukr_avx2, dtr__gemm_pack_a_avx2, dtr__gemm_pack_b_avx2 },
     { "avx512", 8, 32, 64, 256, 1024, dtr__gemm_ukr_avx512, dtr__gemm_pack_a_avx2, dtr__gemm_pack_b_avx512 },
 #endif
+#if DTR__GEMM_NEON
+    { "neon", DTR__GEMM_NEON_MR, DTR__GEMM_NEON_NR, 128, 256, 1536, dtr__gemm_ukr_neon, dtr__gemm_pack_a,
+      dtr__gemm_pack_b },
+#endif
 };
 
 static int dtr__gemm_choice = -1;   /* index into dtr__gemm_kernels, set at the first call */
+#if DTR__HAVE_ATOMICS
+#define DTR__GEMM_CHOICE_GET() DTR__ATOMIC_LOAD_RELAXED(&dtr__gemm_choice)
+#define DTR__GEMM_CHOICE_SET(v) DTR__ATOMIC_STORE_RELAXED(&dtr__gemm_choice, (v))
+#else
+#define DTR__GEMM_CHOICE_GET() dtr__gemm_choice
+#define DTR__GEMM_CHOICE_SET(v) (dtr__gemm_choice = (v))
+#endif
 
+/* 1 when this CPU runs kernel idx of dtr__gemm_kernels (NEON: every AArch64 CPU) */
 static int dtr__gemm_supported(int idx) {
 #if DTR__GEMM_X86
     __builtin_cpu_init();
     if (idx == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (idx == 2) return __builtin_cpu_supports("avx512f");
 #endif
-    return idx == 0;
+    return idx == 0 || DTR__GEMM_NEON;
+}
+
+#define DTR__GEMM_NKERNELS ((int)(sizeof(dtr__gemm_kernels) / sizeof(dtr__gemm_kernels[0])))
+
+/* the index of the kernel called name when this CPU runs it, else -1 */
+static int dtr__gemm_find(const char *name) {
+    int i;
+    for (i = 0; name && i < DTR__GEMM_NKERNELS; i++)
+        if (strcmp(name, dtr__gemm_kernels[i].name) == 0) return dtr__gemm_supported(i) ? i : -1;
+    return -1;
 }
 
 static const dtr__gemm_kernel *dtr__gemm_pick(void) {
-#if defined(__GNUC__) || defined(__clang__)
-    int idx = DTR__ATOMIC_LOAD_RELAXED(&dtr__gemm_choice);
-#else
-    int idx = dtr__gemm_choice;
-#endif
+    int idx = DTR__GEMM_CHOICE_GET();
     if (idx < 0) {
-        const char *force = getenv("DTRAIN_GEMM_KERNEL");
-        int n = (int)(sizeof(dtr__gemm_kernels) / sizeof(dtr__gemm_kernels[0])), i;
-        idx = 0;
-        for (i = n - 1; i > 0; i--)
-            if (dtr__gemm_supported(i)) { idx = i; break; }
-        if (force)
-            for (i = 0; i < n; i++)
-                if (strcmp(force, dtr__gemm_kernels[i].name) == 0 && dtr__gemm_supported(i)) idx = i;
-        /* every thread that races here computes the same value */
-#if defined(__GNUC__) || defined(__clang__)
-        DTR__ATOMIC_STORE_RELAXED(&dtr__gemm_choice, idx);
-#else
-        dtr__gemm_choice = idx;
-#endif
+        int i = dtr__gemm_find(getenv("DTRAIN_GEMM_KERNEL"));
+        for (idx = DTR__GEMM_NKERNELS - 1; idx > 0 && i < 0; idx--)   /* else the last one it runs */
+            if (dtr__gemm_supported(idx)) break;
+        if (i >= 0) idx = i;
+        DTR__GEMM_CHOICE_SET(idx);   /* every thread that races here computes the same value */
     }
     return &dtr__gemm_kernels[idx];
+}
+
+int dtr__gemm_force(const char *name) {
+    int i = dtr__gemm_find(name);
+    if (name && i < 0) return 0;
+    DTR__GEMM_CHOICE_SET(i);
+    return 1;
 }
 
 static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the first call */
@@ -8169,7 +8281,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8173 "dtrain.h"
+#line 8285 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8844,7 +8956,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8848 "dtrain.h"
+#line 8960 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8935,7 +9047,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8939 "dtrain.h"
+#line 9051 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9417,7 +9529,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9421 "dtrain.h"
+#line 9533 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9672,7 +9784,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9676 "dtrain.h"
+#line 9788 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9905,7 +10017,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9909 "dtrain.h"
+#line 10021 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10024,7 +10136,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10028 "dtrain.h"
+#line 10140 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10080,7 +10192,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10084 "dtrain.h"
+#line 10196 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10478,7 +10590,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10482 "dtrain.h"
+#line 10594 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10743,7 +10855,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10747 "dtrain.h"
+#line 10859 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11307,7 +11419,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11311 "dtrain.h"
+#line 11423 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11489,7 +11601,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11493 "dtrain.h"
+#line 11605 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13119,7 +13231,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13123 "dtrain.h"
+#line 13235 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14026,7 +14138,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14030 "dtrain.h"
+#line 14142 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14288,7 +14400,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14292 "dtrain.h"
+#line 14404 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14689,7 +14801,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14693 "dtrain.h"
+#line 14805 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14823,7 +14935,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14827 "dtrain.h"
+#line 14939 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15600,7 +15712,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15604 "dtrain.h"
+#line 15716 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15992,7 +16104,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15996 "dtrain.h"
+#line 16108 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16268,7 +16380,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16272 "dtrain.h"
+#line 16384 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16505,7 +16617,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16509 "dtrain.h"
+#line 16621 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16760,7 +16872,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16764 "dtrain.h"
+#line 16876 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17312,7 +17424,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17316 "dtrain.h"
+#line 17428 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17450,7 +17562,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17454 "dtrain.h"
+#line 17566 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17797,7 +17909,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17801 "dtrain.h"
+#line 17913 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17863,7 +17975,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17867 "dtrain.h"
+#line 17979 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18100,7 +18212,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18104 "dtrain.h"
+#line 18216 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18849,7 +18961,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18853 "dtrain.h"
+#line 18965 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19302,7 +19414,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19306 "dtrain.h"
+#line 19418 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19358,7 +19470,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19362 "dtrain.h"
+#line 19474 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20200,7 +20312,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20204 "dtrain.h"
+#line 20316 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20781,7 +20893,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20785 "dtrain.h"
+#line 20897 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21412,7 +21524,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21416 "dtrain.h"
+#line 21528 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22208,7 +22320,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22212 "dtrain.h"
+#line 22324 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22561,7 +22673,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22565 "dtrain.h"
+#line 22677 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22751,7 +22863,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22755 "dtrain.h"
+#line 22867 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -22932,7 +23044,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 22936 "dtrain.h"
+#line 23048 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23707,7 +23819,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23711 "dtrain.h"
+#line 23823 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24224,7 +24336,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24228 "dtrain.h"
+#line 24340 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25019,7 +25131,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25023 "dtrain.h"
+#line 25135 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26267,7 +26379,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26271 "dtrain.h"
+#line 26383 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -26889,7 +27001,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 26893 "dtrain.h"
+#line 27005 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27390,7 +27502,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27394 "dtrain.h"
+#line 27506 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28120,7 +28232,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28124 "dtrain.h"
+#line 28236 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28356,7 +28468,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28360 "dtrain.h"
+#line 28472 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28485,7 +28597,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28489 "dtrain.h"
+#line 28601 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -28922,7 +29034,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 28926 "dtrain.h"
+#line 29038 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29415,7 +29527,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29419 "dtrain.h"
+#line 29531 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29964,7 +30076,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 29968 "dtrain.h"
+#line 30080 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30470,7 +30582,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30474 "dtrain.h"
+#line 30586 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32019,7 +32131,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32023 "dtrain.h"
+#line 32135 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32073,7 +32185,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32077 "dtrain.h"
+#line 32189 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33251,7 +33363,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33255 "dtrain.h"
+#line 33367 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34154,7 +34266,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34158 "dtrain.h"
+#line 34270 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35632,7 +35744,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35636 "dtrain.h"
+#line 35748 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36025,7 +36137,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36029 "dtrain.h"
+#line 36141 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36174,7 +36286,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36178 "dtrain.h"
+#line 36290 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -2,7 +2,8 @@
 # scripts/install-deps.sh: installs the Debian packages dtrain's tests or benchmarks need.
 #   scripts/install-deps.sh [test|bench]     (default: test; `make deps` / `make bench-deps`)
 #     test   compilers and tools, zlib, libfabric, stb, OpenBLAS, clang with its sanitizer and
-#            libFuzzer runtime, and the Fashion-MNIST data set
+#            libFuzzer runtime, the AArch64 cross compiler and qemu-user (make test-arm64), and
+#            the Fashion-MNIST data set
 #     bench  the test set plus what only the benchmarks need: PyTorch and Open MPI
 # A machine that has everything does nothing (dpkg-query only, no network). When something is
 # missing: as root, or with passwordless sudo, `apt-get update` once and `apt-get install`
@@ -14,7 +15,8 @@ cd "$(dirname "$0")/.."
 
 mode=${1:-test}
 TEST_PKGS=(g++ pkgconf cmake zlib1g-dev libfabric-dev libfabric-bin libstb-dev libopenblas-dev
-           dataset-fashion-mnist clang libclang-rt-14-dev)
+           dataset-fashion-mnist clang libclang-rt-14-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+           qemu-user)
 BENCH_PKGS=(python3-torch libopenmpi-dev openmpi-bin)
 case $mode in
   test)  want=("${TEST_PKGS[@]}") ;;

@@ -9,6 +9,8 @@
 # "N passed, N failed", and the exit status is 1 when anything failed (or nothing ran).
 # The environment is passed on: DTR_TEST_QUICK=1 (set under sanitizers: slow tests shrink
 # their workloads), DTR_FMNIST_DIR (Fashion-MNIST folder), ASAN_OPTIONS, UBSAN_OPTIONS.
+# TEST_WRAPPER, when set, is the command each program runs under (make test-arm64:
+# qemu-aarch64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +34,7 @@ for prog in "$@"; do
   programs=$((programs + 1))
   echo "==== $name"
   start=$SECONDS
-  timeout -k 10 "$timeout_s" "$prog" </dev/null 2>&1 | tee "$log"
+  timeout -k 10 "$timeout_s" ${TEST_WRAPPER:+$TEST_WRAPPER} "$prog" </dev/null 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   secs=$((SECONDS - start))
 

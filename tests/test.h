@@ -41,7 +41,19 @@ static int test__summary(const char *file) {
 }
 #define test_summary() test__summary(__FILE__)
 
-/* A context with defaults and `threads` threads; aborts the test program if it cannot be made. */
+/* the largest |a - b| / (1 + |b|) over n floats; NaN when either side holds a NaN, so that a
+   check `gap < tol` fails on it (fmax would drop it) */
+static inline double test_rel_gap(const float *a, const float *b, int64_t n) {
+    double worst = 0.0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / (1.0 + fabs((double)b[i]));
+        if (d > worst || d != d) worst = d;
+        if (worst != worst) break;
+    }
+    return worst;
+}
+
 /* the bytes of an optimizer's moment buffers (its state entries 3 and on) */
 static inline size_t test_moment_bytes(dtr_optimizer *o) {
     dtr_state_entry e;
@@ -51,6 +63,7 @@ static inline size_t test_moment_bytes(dtr_optimizer *o) {
     return b;
 }
 
+/* A context with defaults and `threads` threads; aborts the test program if it cannot be made. */
 static dtr_context *test_ctx(int threads) {
     dtr_context_config cfg = dtr_context_config_init();
     dtr_context *ctx = NULL;

@@ -880,13 +880,13 @@ static void attention_run(int fused, int64_t B, int64_t Tq, int64_t Tk, int64_t 
 
 /* largest |a - b| / (1 + |b|) of the fused op and the composite (outputs, gradients) */
 static double attention_gap(int64_t B, int64_t Tq, int64_t Tk, int64_t C, const dtr_attention_config *cfg) {
-    int64_t n = B * (2 * Tq + 2 * Tk) * C, i;   /* y, then the three gradients */
+    int64_t n = B * (2 * Tq + 2 * Tk) * C;   /* y, then the three gradients */
     float *a = (float *)malloc((size_t)n * 2 * sizeof(float)), *b = a + n;
     double worst = 0.0;
     size_t peak;
     attention_run(1, B, Tq, Tk, C, cfg, a, a + B * Tq * C, &peak);
     attention_run(0, B, Tq, Tk, C, cfg, b, b + B * Tq * C, &peak);
-    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]) / (1.0 + fabs((double)b[i])));
+    worst = test_rel_gap(a, b, n);
     free(a);
     return worst;
 }
@@ -932,7 +932,7 @@ static double attention_lens_gap(int64_t B, int64_t Tq, int64_t Tk, int64_t C, c
     y = dtr_concat(ctx, parts, (int)B, 0);
     CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, y))));
     attention_outputs(y, x, comp, nq, nk);
-    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)fused[i] - comp[i]) / (1.0 + fabs((double)comp[i])));
+    worst = test_rel_gap(fused, comp, n);
     free(data);
     dtr_context_destroy(ctx);
     return worst;
@@ -965,7 +965,7 @@ static double attention_gqa_gap(int64_t B, int64_t T, int64_t D, int heads, int 
         attention_outputs(y, x, pass ? comp : fused, nq, nk);
         dtr_context_reset(ctx);
     }
-    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)fused[i] - comp[i]) / (1.0 + fabs((double)comp[i])));
+    worst = test_rel_gap(fused, comp, n);
     free(data);
     dtr_context_destroy(ctx);
     return worst;
@@ -983,7 +983,7 @@ static double attention_at_gap(int64_t B, int64_t Tq, int64_t s, int64_t Tk, int
     dtr_tensor *x[3], *leaf[3], *y;
     dtr_attention_config cfg = dtr_attention_config_init(2, 1);
     dtr_rng r;
-    double worst = 0.0;
+    double worst = 0.0, gap;
     int k, bad = 0;
     dtr_rng_seed(&r, 33, 1);
     for (i = 0; i < B * N * C + 2 * nk; i++) q[i] = dtr_rng_uniform(&r) * 2.0f - 1.0f;
@@ -1015,7 +1015,8 @@ static double attention_at_gap(int64_t B, int64_t Tq, int64_t s, int64_t Tk, int
                 double a = win[2 * nq + (k - 1) * nk + b * Tk * C + i], e = dtr_tensor_grad(leaf[k])[b * Tk * C + i];
                 worst = fmax(worst, fabs(a - e) / (1.0 + fabs(e)));
             }
-    for (i = 0; i < 2 * nq; i++) worst = fmax(worst, fabs((double)win[i] - full[i]) / (1.0 + fabs((double)full[i])));
+    gap = test_rel_gap(win, full, 2 * nq);
+    if (!(gap <= worst)) worst = gap;   /* NaN too */
     free(q);
     dtr_context_destroy(ctx);
     return worst;

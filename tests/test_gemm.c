@@ -6,8 +6,8 @@
  * allocation-callback call once the pool's scratch has grown; dtr__gemm_on (the serial
  * product of a pool task) and dtr__gemm_packed (B packed ahead) match dtr__gemm bitwise.
  *
- * The kernel is picked at run time; run with DTRAIN_GEMM_KERNEL=avx512|avx2|generic to
- * test another one on the same machine. */
+ * The GEMM cases run once for each kernel this CPU has (avx512, avx2, neon, generic), forced
+ * with dtr__gemm_force. */
 #define DTRAIN_INTERNAL_API
 #include "test.h"
 #include "test_util.h"
@@ -273,10 +273,16 @@ static void test_gemm_kernel_name(void) {
     const char *k = dtr__gemm_kernel_name();
     CHECK(k != NULL);
     if (k) {
-        CHECK(strcmp(k, "avx512") == 0 || strcmp(k, "avx2") == 0 || strcmp(k, "generic") == 0 ||
-              strcmp(k, "cblas") == 0);
+        CHECK(strcmp(k, "avx512") == 0 || strcmp(k, "avx2") == 0 || strcmp(k, "neon") == 0 ||
+              strcmp(k, "generic") == 0 || strcmp(k, "cblas") == 0);
         printf("     kernel: %s\n", k);
     }
+    CHECK(!dtr__gemm_force("sse9"));               /* unknown: nothing changes */
+    CHECK(strcmp(dtr__gemm_kernel_name(), k) == 0);
+    CHECK(dtr__gemm_force("generic"));             /* every CPU runs the portable one */
+    CHECK(strcmp(k, "cblas") == 0 || strcmp(dtr__gemm_kernel_name(), "generic") == 0);
+    CHECK(dtr__gemm_force(NULL));
+    CHECK(strcmp(dtr__gemm_kernel_name(), k) == 0);
 }
 
 static void test_gemm_shapes(void) {
@@ -505,6 +511,8 @@ static void test_gemm_no_steady_state_alloc(void) {
 }
 
 int main(void) {
+    static const char *const kernels[4] = { "avx512", "avx2", "neon", "generic" };
+    int k;
     (void)test_ctx;   /* from test.h; these tests need no context */
     RUN(test_pool_coverage);
     RUN(test_pool_chunks);
@@ -512,13 +520,18 @@ int main(void) {
     RUN(test_pool_stress);
     RUN(test_pool_scratch);
     RUN(test_gemm_kernel_name);
-    RUN(test_gemm_shapes);
-    RUN(test_gemm_strided_views);
-    RUN(test_gemm_training_shapes);
-    RUN(test_gemm_k0_alpha0_nan);
-    RUN(test_gemm_deterministic);
-    RUN(test_gemm_on);
-    RUN(test_gemm_packed);
-    RUN(test_gemm_no_steady_state_alloc);
+    for (k = 0; k < 4; k++) {   /* every kernel this CPU runs */
+        if (!dtr__gemm_force(kernels[k])) continue;
+        printf("     kernel %s:\n", dtr__gemm_kernel_name());
+        RUN(test_gemm_shapes);
+        RUN(test_gemm_strided_views);
+        RUN(test_gemm_training_shapes);
+        RUN(test_gemm_k0_alpha0_nan);
+        RUN(test_gemm_deterministic);
+        RUN(test_gemm_on);
+        RUN(test_gemm_packed);
+        RUN(test_gemm_no_steady_state_alloc);
+    }
+    dtr__gemm_force(NULL);
     return test_summary();
 }

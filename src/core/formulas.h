@@ -436,7 +436,8 @@ DTR__HD void dtr__f_adam_apply(float *p, float m, float sv, const dtr__opt_k *k)
     *p -= k->step_size * m / (sv / k->sbc2 + k->eps);
 }
 DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
-    dtr__f_adam_apply(p, *m, sqrtf(dtr__f_adam_moments(p, m, v, g, k, adamw)), k);
+    float nv = dtr__f_adam_moments(p, m, v, g, k, adamw);   /* before *m is read: C leaves the */
+    dtr__f_adam_apply(p, *m, sqrtf(nv), k);                  /* order of arguments open */
 }
 
 /** RMSprop (torch.optim.RMSprop, not centered) with its square average sq and, with `momentum`,

@@ -19,6 +19,7 @@
  *     kernel   MR x NR   MC   KC   NC     registers
  *     avx512   8 x 32    64   256  1024   16 zmm accumulators (2 vectors of 16 per row)
  *     avx2     6 x 16    96   256  1024   12 ymm accumulators, FMA
+ *     neon     8 x 12    128  256  1536   24 q accumulators, FMA by lane (AArch64)
  *     generic  4 x 16    128  256  1024   portable C (other compilers and CPUs)
  * The avx512 blocks were measured on Sapphire Rapids (48 KiB L1d, 2 MiB L2): the B
  * micro-panel (32 KiB) stays in L1 and a small A block (64 KiB) close by; larger MC lost
@@ -26,7 +27,7 @@
  * prefetching the next 8 rows as it goes: a product of one row (a generation step's linear
  * layers, W^T) packs the whole weight from memory each call, and the rows' starts were stalls
  * (decoding the small GPT: 13.3-15.3 -> 8.1-10.8 ms a token on this project's 2-vCPU machine).
- * The environment variable DTRAIN_GEMM_KERNEL=avx512|avx2|generic forces a kernel (for
+ * The environment variable DTRAIN_GEMM_KERNEL=avx512|avx2|neon|generic forces a kernel (for
  * tests and benchmarks; an unsupported choice is ignored).
  *
  * Edge tiles (M, N not multiples of MR, NR) run the same micro-kernel on zero-padded panels
@@ -71,6 +72,12 @@
 #define DTR__GEMM_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #else
 #define DTR__GEMM_X86 0
+#endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DTR_NO_SIMD)
+#define DTR__GEMM_NEON 1   /* Advanced SIMD is part of every ARMv8-A core: no run-time check */
+#include <arm_neon.h>
+#else
+#define DTR__GEMM_NEON 0
 #endif
 
 /* ---- kernel table ---- */
@@ -188,10 +195,9 @@ static void dtr__gemm_ukr_generic(int64_t kc, const float *a, const float *b, fl
     }
 }
 
-#if DTR__GEMM_X86
-
 /* ---- epilogue of the SIMD kernels ---- */
 
+#if DTR__GEMM_X86 || DTR__GEMM_NEON
 /* Epilogue modes, from the general C = alpha * acc + beta * C (fma(alpha, acc, beta * C)):
  * 0: acc, 1: alpha * acc (C not read), 2: acc + C, 3: fma(alpha, acc, C), 4: general. The
  * shortcuts leave out only multiplications by 1, so every mode rounds like the general one. */
@@ -200,6 +206,9 @@ static int dtr__gemm_epilogue_mode(float alpha, float beta, int load_c) {
     if (beta == 1.0f) return alpha == 1.0f ? 2 : 3;
     return 4;
 }
+#endif
+
+#if DTR__GEMM_X86
 
 /* ---- AVX-512 micro-kernel (8 x 32) ---- */
 
@@ -482,6 +491,88 @@ static void dtr__gemm_ukr_avx2(int64_t kc, const float *a, const float *b, float
 
 #endif /* DTR__GEMM_X86 */
 
+#if DTR__GEMM_NEON
+
+/* ---- NEON micro-kernel (8 x 12, AArch64) ---- */
+
+/* 24 accumulators (8 rows of 3 vectors of 4) + 2 A vectors + 3 B vectors of the 32 registers;
+ * each k is 24 FMAs by lane (vfmaq_laneq_f32), as BLIS's and OpenBLAS's ARMv8 kernels do. */
+#define DTR__GEMM_NEON_MR 8
+#define DTR__GEMM_NEON_NR 12
+
+#define DTR__GEMM_NEON_FMA_ROW(i, av, lane)                                                      \
+    c##i##0 = vfmaq_laneq_f32(c##i##0, b0, av, lane);                                            \
+    c##i##1 = vfmaq_laneq_f32(c##i##1, b1, av, lane);                                            \
+    c##i##2 = vfmaq_laneq_f32(c##i##2, b2, av, lane);
+
+/* One row of the tile into t (row stride ldt) by the epilogue mode (see dtr__gemm_epilogue_mode). */
+#define DTR__GEMM_NEON_STORE_ROW(i)                                                              \
+    {                                                                                            \
+        float *ti = t + (i) * ldt;                                                               \
+        if (mode >= 2) {                                                                         \
+            float32x4_t o0 = vld1q_f32(ti), o1 = vld1q_f32(ti + 4), o2 = vld1q_f32(ti + 8);      \
+            if (mode == 2) {                                                                     \
+                c##i##0 = vaddq_f32(c##i##0, o0);                                                \
+                c##i##1 = vaddq_f32(c##i##1, o1);                                                \
+                c##i##2 = vaddq_f32(c##i##2, o2);                                                \
+            } else {                                                                             \
+                if (mode == 4) { o0 = vmulq_f32(vb, o0); o1 = vmulq_f32(vb, o1); o2 = vmulq_f32(vb, o2); } \
+                c##i##0 = vfmaq_f32(o0, va, c##i##0);                                            \
+                c##i##1 = vfmaq_f32(o1, va, c##i##1);                                            \
+                c##i##2 = vfmaq_f32(o2, va, c##i##2);                                            \
+            }                                                                                    \
+        } else if (mode == 1) {                                                                  \
+            c##i##0 = vmulq_f32(va, c##i##0);                                                    \
+            c##i##1 = vmulq_f32(va, c##i##1);                                                    \
+            c##i##2 = vmulq_f32(va, c##i##2);                                                    \
+        }                                                                                        \
+        vst1q_f32(ti, c##i##0);                                                                  \
+        vst1q_f32(ti + 4, c##i##1);                                                              \
+        vst1q_f32(ti + 8, c##i##2);                                                              \
+    }
+
+/* Copies an (mv, nv) block between matrices of row strides lds and ldd. */
+static void dtr__gemm_copy_tile(const float *src, int64_t lds, float *dst, int64_t ldd, int mv, int nv) {
+    int i;
+    for (i = 0; i < mv; i++) memcpy(dst + i * ldd, src + i * lds, (size_t)nv * sizeof(float));
+}
+
+static void dtr__gemm_ukr_neon(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+                               float alpha, float beta, int mv, int nv, int load_c) {
+    float32x4_t c00 = vdupq_n_f32(0.0f), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+    float32x4_t c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+    float32x4_t c40 = c00, c41 = c00, c42 = c00, c50 = c00, c51 = c00, c52 = c00;
+    float32x4_t c60 = c00, c61 = c00, c62 = c00, c70 = c00, c71 = c00, c72 = c00;
+    float32x4_t va, vb;
+    float tile[DTR__GEMM_NEON_MR * DTR__GEMM_NEON_NR], *t = c;
+    int64_t k, ldt = ldc;
+    int mode, edge = mv < DTR__GEMM_NEON_MR || nv < DTR__GEMM_NEON_NR;
+    for (k = 0; k < kc; k++) {
+        float32x4_t a0 = vld1q_f32(a), a1 = vld1q_f32(a + 4);
+        float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4), b2 = vld1q_f32(b + 8);
+        DTR__GEMM_NEON_FMA_ROW(0, a0, 0) DTR__GEMM_NEON_FMA_ROW(1, a0, 1)
+        DTR__GEMM_NEON_FMA_ROW(2, a0, 2) DTR__GEMM_NEON_FMA_ROW(3, a0, 3)
+        DTR__GEMM_NEON_FMA_ROW(4, a1, 0) DTR__GEMM_NEON_FMA_ROW(5, a1, 1)
+        DTR__GEMM_NEON_FMA_ROW(6, a1, 2) DTR__GEMM_NEON_FMA_ROW(7, a1, 3)
+        a += DTR__GEMM_NEON_MR;
+        b += DTR__GEMM_NEON_NR;
+    }
+    va = vdupq_n_f32(alpha);
+    vb = vdupq_n_f32(beta);
+    mode = dtr__gemm_epilogue_mode(alpha, beta, load_c);
+    if (edge) {   /* through a full tile, so that edge elements round as inner ones */
+        t = tile, ldt = DTR__GEMM_NEON_NR;
+        memset(tile, 0, sizeof(tile));
+        if (mode >= 2) dtr__gemm_copy_tile(c, ldc, tile, ldt, mv, nv);
+    }
+    DTR__GEMM_NEON_STORE_ROW(0) DTR__GEMM_NEON_STORE_ROW(1) DTR__GEMM_NEON_STORE_ROW(2)
+    DTR__GEMM_NEON_STORE_ROW(3) DTR__GEMM_NEON_STORE_ROW(4) DTR__GEMM_NEON_STORE_ROW(5)
+    DTR__GEMM_NEON_STORE_ROW(6) DTR__GEMM_NEON_STORE_ROW(7)
+    if (edge) dtr__gemm_copy_tile(tile, ldt, c, ldc, mv, nv);
+}
+
+#endif /* DTR__GEMM_NEON */
+
 /* ---- kernel selection ---- */
 
 static const dtr__gemm_kernel dtr__gemm_kernels[] = {
@@ -491,42 +582,58 @@ static const dtr__gemm_kernel dtr__gemm_kernels[] = {
     { "avx2", 6, 16, 96, 256, 1024, dtr__gemm_ukr_avx2, dtr__gemm_pack_a_avx2, dtr__gemm_pack_b_avx2 },
     { "avx512", 8, 32, 64, 256, 1024, dtr__gemm_ukr_avx512, dtr__gemm_pack_a_avx2, dtr__gemm_pack_b_avx512 },
 #endif
+#if DTR__GEMM_NEON
+    { "neon", DTR__GEMM_NEON_MR, DTR__GEMM_NEON_NR, 128, 256, 1536, dtr__gemm_ukr_neon, dtr__gemm_pack_a,
+      dtr__gemm_pack_b },
+#endif
 };
 
 static int dtr__gemm_choice = -1;   /* index into dtr__gemm_kernels, set at the first call */
+#if DTR__HAVE_ATOMICS
+#define DTR__GEMM_CHOICE_GET() DTR__ATOMIC_LOAD_RELAXED(&dtr__gemm_choice)
+#define DTR__GEMM_CHOICE_SET(v) DTR__ATOMIC_STORE_RELAXED(&dtr__gemm_choice, (v))
+#else
+#define DTR__GEMM_CHOICE_GET() dtr__gemm_choice
+#define DTR__GEMM_CHOICE_SET(v) (dtr__gemm_choice = (v))
+#endif
 
+/* 1 when this CPU runs kernel idx of dtr__gemm_kernels (NEON: every AArch64 CPU) */
 static int dtr__gemm_supported(int idx) {
 #if DTR__GEMM_X86
     __builtin_cpu_init();
     if (idx == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (idx == 2) return __builtin_cpu_supports("avx512f");
 #endif
-    return idx == 0;
+    return idx == 0 || DTR__GEMM_NEON;
+}
+
+#define DTR__GEMM_NKERNELS ((int)(sizeof(dtr__gemm_kernels) / sizeof(dtr__gemm_kernels[0])))
+
+/* the index of the kernel called name when this CPU runs it, else -1 */
+static int dtr__gemm_find(const char *name) {
+    int i;
+    for (i = 0; name && i < DTR__GEMM_NKERNELS; i++)
+        if (strcmp(name, dtr__gemm_kernels[i].name) == 0) return dtr__gemm_supported(i) ? i : -1;
+    return -1;
 }
 
 static const dtr__gemm_kernel *dtr__gemm_pick(void) {
-#if defined(__GNUC__) || defined(__clang__)
-    int idx = DTR__ATOMIC_LOAD_RELAXED(&dtr__gemm_choice);
-#else
-    int idx = dtr__gemm_choice;
-#endif
+    int idx = DTR__GEMM_CHOICE_GET();
     if (idx < 0) {
-        const char *force = getenv("DTRAIN_GEMM_KERNEL");
-        int n = (int)(sizeof(dtr__gemm_kernels) / sizeof(dtr__gemm_kernels[0])), i;
-        idx = 0;
-        for (i = n - 1; i > 0; i--)
-            if (dtr__gemm_supported(i)) { idx = i; break; }
-        if (force)
-            for (i = 0; i < n; i++)
-                if (strcmp(force, dtr__gemm_kernels[i].name) == 0 && dtr__gemm_supported(i)) idx = i;
-        /* every thread that races here computes the same value */
-#if defined(__GNUC__) || defined(__clang__)
-        DTR__ATOMIC_STORE_RELAXED(&dtr__gemm_choice, idx);
-#else
-        dtr__gemm_choice = idx;
-#endif
+        int i = dtr__gemm_find(getenv("DTRAIN_GEMM_KERNEL"));
+        for (idx = DTR__GEMM_NKERNELS - 1; idx > 0 && i < 0; idx--)   /* else the last one it runs */
+            if (dtr__gemm_supported(idx)) break;
+        if (i >= 0) idx = i;
+        DTR__GEMM_CHOICE_SET(idx);   /* every thread that races here computes the same value */
     }
     return &dtr__gemm_kernels[idx];
+}
+
+int dtr__gemm_force(const char *name) {
+    int i = dtr__gemm_find(name);
+    if (name && i < 0) return 0;
+    DTR__GEMM_CHOICE_SET(i);
+    return 1;
 }
 
 static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the first call */

@@ -76,8 +76,12 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
                   const float *A, int64_t rsa, int64_t csa,
                   const float *B, int64_t rsb, int64_t csb,
                   float beta, float *C, int64_t ldc);
-/** Name of the GEMM kernel picked at run time ("avx512", "avx2", "generic", "cblas"). */
+/** Name of the GEMM kernel picked at run time ("avx512", "avx2", "neon", "generic", "cblas"). */
 const char *dtr__gemm_kernel_name(void);
+/** Forces the GEMM kernel by name (tests run each one the CPU has); NULL goes back to the
+ *  run-time pick. Returns 1, or 0 (nothing changed) for a name this build or CPU lacks.
+ *  Thread safety: not while products run. */
+int dtr__gemm_force(const char *name);
 /** 1 when the element loops' AVX2 variants run (DTR__TARGET_AVX2: the CPU has AVX2 and
  *  DTRAIN_SIMD is not "generic"; read once). Thread safety: any thread. */
 int dtr__simd_avx2(void);
