@@ -300,11 +300,11 @@ static dtr_result devsim__cast(dtr_context *ctx, dtr__node *n) {
 /* dispatched as the CUDA backend's table is (16-bit tensors widened around the staged kernels
    by the cast kernel) */
 static const dtr__kernel_pair devsim__staged_table[DTR_OP_COUNT] = {
-    [DTR_OP_TP_COPY] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
-    [DTR_OP_TP_REDUCE] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
-    [DTR_OP_TP_GATHER] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
-    [DTR_OP_VOCAB_CROSS_ENTROPY] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
-    [DTR_OP_CAST] = {devsim__cast, NULL},
+    [DTR_OP_TP_COPY] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd, 0},
+    [DTR_OP_TP_REDUCE] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd, 0},
+    [DTR_OP_TP_GATHER] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd, 0},
+    [DTR_OP_VOCAB_CROSS_ENTROPY] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd, 0},
+    [DTR_OP_CAST] = {devsim__cast, NULL, 0},
 };
 static dtr_result devsim__run(dtr_context *ctx, dtr__node *n, int bwd) {
     dtr_result r;

@@ -90,6 +90,7 @@ static dtr_result td_cb_get(void *user, int64_t index, void *x, void *y, char *e
         nanosleep(&ts, NULL);
     }
     for (k = 0; k < t->slow; k++) acc += (float)k;
+    (void)acc;
     if (t->fail_all || (t->fail_mod && index % t->fail_mod == t->fail_rem)) {
         snprintf(err, errlen, "cb dataset: sample %lld is broken", (long long)index);
         return DTR_CORRUPT_FILE;

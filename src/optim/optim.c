@@ -10,6 +10,10 @@
 #include <math.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#define DTR__OPT_SQRT4(p) _mm_storeu_ps((p), _mm_sqrt_ps(_mm_loadu_ps(p)))
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define DTR__OPT_SQRT4(p) vst1q_f32((p), vsqrtq_f32(vld1q_f32(p)))
 #endif
 
 struct dtr_optimizer {
@@ -443,16 +447,17 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     return o->keep_grads ? DTR_OK : dtr_model_zero_grad(o->model);
 }
 
-#if defined(__SSE2__)
-/* 8 elements of Adam from i0: the square roots taken as two SSE vectors between the halves of
-   dtr__f_adam (the halves vectorise; the bits are the scalar loop's) */
+#if defined(DTR__OPT_SQRT4)
+/* 8 elements of Adam from i0: the square roots taken as two SSE or NEON vectors between the
+   halves of dtr__f_adam (the halves vectorise; the bits are the scalar loop's: both roots are
+   IEEE's correctly rounded one) */
 static inline void dtr__cpu_adam8(float *p, float *m, float *v, const float *g, int64_t i0, const dtr__opt_k *k,
                                   int adamw) {
     float sv[8];
     int j;
     DTR__IVDEP for (j = 0; j < 8; j++) sv[j] = dtr__f_adam_moments(&p[i0 + j], &m[i0 + j], &v[i0 + j], g[i0 + j], k, adamw);
-    _mm_storeu_ps(sv, _mm_sqrt_ps(_mm_loadu_ps(sv)));
-    _mm_storeu_ps(sv + 4, _mm_sqrt_ps(_mm_loadu_ps(sv + 4)));
+    DTR__OPT_SQRT4(sv);
+    DTR__OPT_SQRT4(sv + 4);
     DTR__IVDEP for (j = 0; j < 8; j++) dtr__f_adam_apply(&p[i0 + j], m[i0 + j], sv[j], k);
 }
 #endif
@@ -461,7 +466,7 @@ static inline void dtr__cpu_adam8(float *p, float *m, float *v, const float *g, 
 static void dtr__cpu_adam(float *p, float *m, float *v, const float *g, int64_t b, int64_t n, const dtr__opt_k *k,
                           int adamw) {
     int64_t i0 = b, i;
-#if defined(__SSE2__)
+#if defined(DTR__OPT_SQRT4)
     if (adamw)
         for (; i0 + 8 <= n; i0 += 8) dtr__cpu_adam8(p, m, v, g, i0, k, 1);
     else
