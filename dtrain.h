@@ -981,11 +981,15 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  `prefixes` (n 0: every parameter): fine-tuning a loaded model's last layers, or training an
  *  adapter beside frozen weights. A frozen parameter gets no gradient (backward skips its
  *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
- *  optimizers leave its values and state alone, weight decay included; its place in the
- *  buffers stays (a gradient of zeros under data parallelism). Takes effect at the next
- *  backward and optimizer step; unfreezing later is allowed (its moments start from zero).
- *  Call it alike on every rank's model (data-parallel ranks, parameter servers, stages).
- *  LAMB over a ZeRO shard refuses frozen parameters (DTR_UNSUPPORTED at the step).
+ *  optimizers leave its values alone, weight decay included, and keep no state for it (Adam's
+ *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
+ *  stays (a gradient of zeros under data parallelism). Takes effect at the next backward and
+ *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
+ *  next call: the moments of parameters trainable before and after are kept, the newly
+ *  trainable ones start from zero). Call it alike on every rank's model (data-parallel ranks,
+ *  parameter servers, stages). LAMB over a ZeRO shard refuses frozen parameters
+ *  (DTR_UNSUPPORTED at the step), and so does restoring ZeRO shards of an optimizer over frozen
+ *  parameters on another number of ranks.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
@@ -1578,10 +1582,14 @@ DTR_API double dtr_optimizer_grad_norm(const dtr_optimizer *opt);
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
-/** The optimizer's moment buffers: `count` buffers of dtr_model_numel floats each (SGD with
- *  momentum: 1; the Adam family and LAMB: 2, m and v; RMSprop: the square average, then the
- *  momentum buffer with momentum; Adagrad: 1, the sum of squares), NULL past the end. For checkpoints, prefer
- *  dtr_optimizer_state, which lists every piece of the optimizer's state.
+/** The optimizer's moment buffers: `count` buffers (SGD with momentum: 1; the Adam family and
+ *  LAMB: 2, m and v; RMSprop: the square average, then the momentum buffer with momentum;
+ *  Adagrad: 1, the sum of squares), NULL past the end (and for every index when the state
+ *  cannot be laid out: out of memory). Each holds the floats of the optimizer's range
+ *  (dtr_model_numel, or its shard) that are trainable, in the buffer's order: without frozen
+ *  parameters float i is the parameter buffer's float i (of the shard); frozen ones
+ *  (dtr_model_set_trainable) are left out. For checkpoints, prefer dtr_optimizer_state, which
+ *  lists every piece of the optimizer's state.
  *  Thread safety: the model's context thread. */
 DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
 /** One update over the range [begin, end) of the parameter buffer (offsets as
@@ -4758,7 +4766,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4762 "dtrain.h"
+#line 4770 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5620,6 +5628,9 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
+/** A number that changes with every change of the model's trainable set (an optimizer lays its
+ *  state out again when it differs from the one it saw). */
+DTR__PRIVATE unsigned dtr__model_trainable_gen(const dtr_model *m);
 /** The recurrence op `op` (DTR_OP_LSTM, DTR_OP_GRU; inputs gx, w_hh, b_hh, h0, c0 (the GRU's
  *  NULL), lengths) -> y (T, B, 2H | H), errors naming fn. lengths: B host values in 1..T
  *  (checked by the caller; a row past its length carries its state: y = the step before's),
@@ -5674,7 +5685,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5678 "dtrain.h"
+#line 5689 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6172,7 +6183,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6176 "dtrain.h"
+#line 6187 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6234,7 +6245,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6238 "dtrain.h"
+#line 6249 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6613,7 +6624,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6617 "dtrain.h"
+#line 6628 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6656,7 +6667,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6660 "dtrain.h"
+#line 6671 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6690,7 +6701,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6694 "dtrain.h"
+#line 6705 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6749,7 +6760,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6753 "dtrain.h"
+#line 6764 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6823,7 +6834,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6827 "dtrain.h"
+#line 6838 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6891,7 +6902,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6895 "dtrain.h"
+#line 6906 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6966,7 +6977,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6970 "dtrain.h"
+#line 6981 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7318,7 +7329,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7322 "dtrain.h"
+#line 7333 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8281,7 +8292,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8285 "dtrain.h"
+#line 8296 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8956,7 +8967,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8960 "dtrain.h"
+#line 8971 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9047,7 +9058,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9051 "dtrain.h"
+#line 9062 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9529,7 +9540,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9533 "dtrain.h"
+#line 9544 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9784,7 +9795,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9788 "dtrain.h"
+#line 9799 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10017,7 +10028,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10021 "dtrain.h"
+#line 10032 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10136,7 +10147,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10140 "dtrain.h"
+#line 10151 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10192,7 +10203,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10196 "dtrain.h"
+#line 10207 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10590,7 +10601,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10594 "dtrain.h"
+#line 10605 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10855,7 +10866,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10859 "dtrain.h"
+#line 10870 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11419,7 +11430,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11423 "dtrain.h"
+#line 11434 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11601,7 +11612,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11605 "dtrain.h"
+#line 11616 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13231,7 +13242,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13235 "dtrain.h"
+#line 13246 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14138,7 +14149,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14142 "dtrain.h"
+#line 14153 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14400,7 +14411,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14404 "dtrain.h"
+#line 14415 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14801,7 +14812,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14805 "dtrain.h"
+#line 14816 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14935,7 +14946,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14939 "dtrain.h"
+#line 14950 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14965,6 +14976,7 @@ struct dtr_model {
     int n_dropped;
     int64_t total;        /* floats in each buffer, padding included */
     int frozen;           /* parameters set not trainable (dtr_model_set_trainable) */
+    unsigned trainable_gen;   /* bumped by every change of the trainable set (optimizers lay out their state again) */
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
@@ -15364,6 +15376,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
         if (was == !!trainable) continue;
         t->flags = trainable ? t->flags | DTR__REQUIRES_GRAD : t->flags & ~(unsigned)DTR__REQUIRES_GRAD;
         m->frozen += trainable ? -1 : 1;
+        m->trainable_gen++;
     }
     if (!matched)
         return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", n ? prefixes[0] : "",
@@ -15376,6 +15389,8 @@ int dtr_model_param_trainable(const dtr_model *m, int i) {
 }
 
 int dtr__model_frozen(const dtr_model *m) { return m->frozen; }
+
+unsigned dtr__model_trainable_gen(const dtr_model *m) { return m->trainable_gen; }
 
 int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end) {
     if (!m->frozen) {   /* everything: one run */
@@ -15712,7 +15727,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15716 "dtrain.h"
+#line 15731 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16104,7 +16119,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16108 "dtrain.h"
+#line 16123 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16380,7 +16395,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16384 "dtrain.h"
+#line 16399 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16617,7 +16632,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16621 "dtrain.h"
+#line 16636 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16872,7 +16887,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16876 "dtrain.h"
+#line 16891 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -16894,14 +16909,27 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
 #define DTR__OPT_SQRT4(p) vst1q_f32((p), vsqrtq_f32(vld1q_f32(p)))
 #endif
 
+/* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
+   buffers, its state from float at[r] on; frozen parameters (dtr_model_set_trainable) have
+   none. Without frozen parameters, one run: the optimizer's whole range. */
+typedef struct dtr__state_map {
+    int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
+    int n;
+    int64_t floats;           /* the runs' total: the length of each state buffer */
+    unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
+} dtr__state_map;
+
 struct dtr_optimizer {
     dtr_model *model;
     dtr_optimizer_config cfg;
-    float *m, *v, *work;      /* backend memory, len floats each (NULL when unused) */
+    float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
+    int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
-    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base (with
+    dtr__state_map map;
+    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to their run (with
                                        shard_sum: their parts inside the shard) */
     int *seg_param;           /* LAMB: the parameter of each segment */
+    int *run_seg;             /* LAMB: run r's segments are [run_seg[r], run_seg[r + 1]) */
     int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
@@ -16979,27 +17007,114 @@ static dtr_result dtr__check_shard(dtr_model *m, const dtr_optimizer_config *cfg
     return DTR_OK;
 }
 
-/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base;
-   with shard_sum the parts of those that cross its ends too */
+/* LAMB's per-parameter segments: the parameters inside each run, relative to the run's start;
+   with shard_sum (one run, the shard) the parts of those that cross its ends too */
 static void dtr__lamb_segments(dtr_optimizer *o) {
-    int64_t lo = o->base, hi = o->base + o->len;
-    int i;
+    int i, r;
     o->nseg = 0;
-    for (i = 0; i < dtr_model_param_count(o->model); i++) {
-        int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
-        if (o->cfg.shard_sum) b = b > lo ? b : lo, e = e < hi ? e : hi;
-        if (b < lo || e > hi || b >= e) continue;
-        o->seg_param[o->nseg] = i;
-        o->seg_begin[o->nseg] = b - o->base;
-        o->seg_end[o->nseg++] = e - o->base;
+    for (r = 0; r < o->map.n; r++) {
+        int64_t lo = o->map.lo[r], hi = o->map.hi[r];
+        o->run_seg[r] = o->nseg;
+        for (i = 0; i < dtr_model_param_count(o->model); i++) {
+            int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
+            if (o->cfg.shard_sum) b = b > lo ? b : lo, e = e < hi ? e : hi;
+            if (b < lo || e > hi || b >= e) continue;
+            o->seg_param[o->nseg] = i;
+            o->seg_begin[o->nseg] = b - lo;
+            o->seg_end[o->nseg++] = e - lo;
+        }
     }
+    o->run_seg[o->map.n] = o->nseg;
+}
+
+/* ---- the state's layout ---- */
+
+/* map's runs: the model's trainable runs inside [base, base + len) */
+static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
+    int64_t rb, re, lo = o->base, hi = o->base + o->len;
+    int i = 0;
+    map->n = 0, map->floats = 0;
+    map->gen = dtr__model_trainable_gen(o->model);
+    while (dtr__model_trainable_run(o->model, &i, &rb, &re)) {
+        rb = rb > lo ? rb : lo, re = re < hi ? re : hi;
+        if (rb >= re) continue;
+        map->lo[map->n] = rb, map->hi[map->n] = re, map->at[map->n++] = map->floats;
+        map->floats += re - rb;
+    }
+}
+
+static void dtr__map_free(dtr_context *ctx, dtr__state_map *map) {
+    dtr__free(&ctx->alloc, map->lo), dtr__free(&ctx->alloc, map->hi), dtr__free(&ctx->alloc, map->at);
+    memset(map, 0, sizeof *map);
+}
+
+/* Copies the floats both maps hold from state src (laid out by `from`) to dst (by `to`). */
+static dtr_result dtr__map_carry(dtr_context *ctx, const dtr__state_map *from, const float *src, const dtr__state_map *to,
+                                 float *dst) {
+    dtr_result r = DTR_OK;
+    int a, b;
+    for (a = 0; a < to->n && r == DTR_OK; a++)
+        for (b = 0; b < from->n && r == DTR_OK; b++) {
+            int64_t lo = to->lo[a] > from->lo[b] ? to->lo[a] : from->lo[b], hi = to->hi[a] < from->hi[b] ? to->hi[a] : from->hi[b];
+            if (lo < hi)
+                r = dtr__mem_copy(ctx, dst + to->at[a] + (lo - to->lo[a]), src + from->at[b] + (lo - from->lo[b]),
+                                  (size_t)(hi - lo) * sizeof(float));
+        }
+    return r;
+}
+
+static void dtr__state_free(dtr_context *ctx, float *buf[3]) {
+    int k;
+    for (k = 0; k < 3; k++)
+        if (buf[k]) ctx->backend->mem_free(ctx, buf[k]);
+}
+
+/* The state buffers of `floats` each: the kind's moments (zeroed) and LAMB's work. */
+static dtr_result dtr__state_alloc(dtr_optimizer *o, int64_t floats, float *buf[3]) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    size_t bytes = (size_t)(floats ? floats : 1) * sizeof(float);
+    int k;
+    for (k = 0; k < 3; k++) {
+        if (k < 2 ? k >= o->nbuf : o->cfg.kind != DTR_OPT_LAMB) continue;
+        buf[k] = (float *)ctx->backend->mem_alloc(ctx, bytes);
+        if (!buf[k] || (k < 2 && ctx->backend->memset0(ctx, buf[k], bytes) != DTR_OK)) return DTR_OUT_OF_MEMORY;
+    }
+    return DTR_OK;
+}
+
+/* Lays the state out for the model's trainable set, at create and again after it changed
+   (dtr_model_set_trainable after dtr_optimizer_create): the moments of floats trainable before
+   and now are carried over, newly trainable ones start from zero, frozen ones hold none. */
+static dtr_result dtr__layout(dtr_optimizer *o) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    size_t cap = (size_t)(dtr_model_param_count(o->model) + 1) * sizeof(int64_t);
+    float *buf[3] = {NULL, NULL, NULL}, *old[3];
+    dtr__state_map map;
+    dtr_result r = DTR_OK;
+    if (o->map.lo && o->map.gen == dtr__model_trainable_gen(o->model)) return DTR_OK;
+    memset(&map, 0, sizeof map);
+    map.lo = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.hi = (int64_t *)dtr__malloc(&ctx->alloc, cap);
+    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap);
+    if (!map.lo || !map.hi || !map.at) r = DTR_OUT_OF_MEMORY;
+    if (r == DTR_OK) dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
+    if (r == DTR_OK && o->m) r = dtr__map_carry(ctx, &o->map, o->m, &map, buf[0]);
+    if (r == DTR_OK && o->v) r = dtr__map_carry(ctx, &o->map, o->v, &map, buf[1]);
+    if (r != DTR_OK) {
+        int64_t floats = map.floats;
+        dtr__state_free(ctx, buf), dtr__map_free(ctx, &map);
+        return dtr__fail(ctx, r, "dtr_optimizer: out of memory for the optimizer state (%lld floats a buffer)", (long long)floats);
+    }
+    old[0] = o->m, old[1] = o->v, old[2] = o->work;
+    dtr__state_free(ctx, old);
+    dtr__map_free(ctx, &o->map);
+    o->map = map, o->m = buf[0], o->v = buf[1], o->work = buf[2];
+    if (o->run_seg) dtr__lamb_segments(o);
+    return DTR_OK;
 }
 
 dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
     dtr_context *ctx;
     dtr_optimizer *o;
-    size_t bytes;
-    int nbuf = 0;
     dtr_result r;
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
@@ -17026,40 +17141,39 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
-    bytes = (size_t)(o->len ? o->len : 1) * sizeof(float);
-    nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
-           : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
-    if (nbuf >= 1) o->m = (float *)ctx->backend->mem_alloc(ctx, bytes);
-    if (nbuf >= 2) o->v = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
+              : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
     if (cfg->kind == DTR_OPT_LAMB) {
-        int n = dtr_model_param_count(model);
-        o->work = (float *)ctx->backend->mem_alloc(ctx, bytes);
-        o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        o->seg_param = (int *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int));
-        if (o->seg_begin && o->seg_end && o->seg_param) dtr__lamb_segments(o);
+        size_t n = (size_t)dtr_model_param_count(model) + 2;
+        o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, n * sizeof(int64_t));
+        o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, n * sizeof(int64_t));
+        o->seg_param = (int *)dtr__malloc(&ctx->alloc, n * sizeof(int));
+        o->run_seg = (int *)dtr__malloc(&ctx->alloc, n * sizeof(int));
+        if (!o->seg_begin || !o->seg_end || !o->seg_param || !o->run_seg) {
+            dtr_optimizer_destroy(o);
+            return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+        }
     }
-    if ((nbuf >= 1 && !o->m) || (nbuf >= 2 && !o->v) ||
-        (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end || !o->seg_param))) {
+    if ((r = dtr__layout(o)) != DTR_OK) {
         dtr_optimizer_destroy(o);
-        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory for the optimizer state");
+        return r;
     }
-    if (o->m) ctx->backend->memset0(ctx, o->m, bytes);
-    if (o->v) ctx->backend->memset0(ctx, o->v, bytes);
     *out = o;
     return DTR_OK;
 }
 
 void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr_context *ctx;
+    float *buf[3];
     if (!o) return;
     ctx = dtr_model_context(o->model);
-    if (o->m) ctx->backend->mem_free(ctx, o->m);
-    if (o->v) ctx->backend->mem_free(ctx, o->v);
-    if (o->work) ctx->backend->mem_free(ctx, o->work);
+    buf[0] = o->m, buf[1] = o->v, buf[2] = o->work;
+    dtr__state_free(ctx, buf);
+    dtr__map_free(ctx, &o->map);
     dtr__free(&ctx->alloc, o->seg_begin);
     dtr__free(&ctx->alloc, o->seg_end);
     dtr__free(&ctx->alloc, o->seg_param);
+    dtr__free(&ctx->alloc, o->run_seg);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -17071,7 +17185,7 @@ void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.l
 
 float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
     int n;
-    if (!o) { if (count) *count = 0; return NULL; }
+    if (!o || dtr__layout(o) != DTR_OK) { if (count) *count = 0; return NULL; }
     n = (o->m ? 1 : 0) + (o->v ? 1 : 0);
     if (count) *count = n;
     if (index == 0) return o->m;
@@ -17256,12 +17370,26 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
+/* a's buffers for run r of the state map: the run's parameters, gradients and state */
+static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
+    int64_t lo = o->map.lo[r], at = o->map.at[r];
+    a->param = dtr_model_params(o->model) + lo;
+    a->grad = dtr_model_grads(o->model) + lo;
+    a->m = o->m ? o->m + at : NULL;
+    a->v = o->v ? o->v + at : NULL;
+    a->work = o->work ? o->work + at : NULL;
+    if (o->run_seg) {
+        a->nseg = o->run_seg[r + 1] - o->run_seg[r];
+        a->seg_begin = o->seg_begin + o->run_seg[r];
+        a->seg_end = o->seg_end + o->run_seg[r];
+    }
+}
+
 /* The update over [begin, end), one call a run of trainable parameters: frozen ones
    (dtr_model_set_trainable) keep their values, weight decay included. */
 static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t begin, int64_t end) {
     dtr_context *ctx = dtr_model_context(o->model);
-    int64_t rb, re;
-    int i = 0;
+    int k;
     dtr_result r = DTR_OK;
     if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
         if (dtr__model_frozen(o->model))
@@ -17270,11 +17398,11 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
-    while (r == DTR_OK && dtr__model_trainable_run(o->model, &i, &rb, &re)) {
-        if (rb < begin) rb = begin;
-        if (re > end) re = end;
+    for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        int64_t lo = o->map.lo[k], rb = lo > begin ? lo : begin, re = o->map.hi[k] < end ? o->map.hi[k] : end;
         if (rb >= re) continue;
-        a->begin = rb - o->base, a->n = re - o->base;
+        dtr__run_args(o, a, k);
+        a->begin = rb - lo, a->n = re - lo;
         r = ctx->backend->optimizer_update(ctx, a);
     }
     return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
@@ -17288,6 +17416,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     double norm = -1.0;
     int skip;
     o->micro = 0;
+    if ((r = dtr__layout(o)) != DTR_OK) return r;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
     a.begin = begin - o->base;   /* the kernel sees the optimizer's floats, state-aligned */
@@ -17398,9 +17527,11 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
 
 dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out) {
     size_t bytes;
+    dtr_result r;
     int dev;
     if (!o || !out) return DTR_NULL_HANDLE;
-    bytes = (size_t)o->len * sizeof(float);   /* 0 for an empty shard */
+    if (index >= 3 && (r = dtr__layout(o)) != DTR_OK) return r;
+    bytes = (size_t)o->map.floats * sizeof(float);   /* 0 for an empty shard, or all frozen */
     dev = !dtr__host_memory(dtr_model_context(o->model));
     if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
     if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);
@@ -17429,7 +17560,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17433 "dtrain.h"
+#line 17564 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17567,7 +17698,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17571 "dtrain.h"
+#line 17702 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -17914,7 +18045,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 17918 "dtrain.h"
+#line 18049 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -17980,7 +18111,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 17984 "dtrain.h"
+#line 18115 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18217,7 +18348,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18221 "dtrain.h"
+#line 18352 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -18966,7 +19097,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 18970 "dtrain.h"
+#line 19101 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19419,7 +19550,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19423 "dtrain.h"
+#line 19554 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19475,7 +19606,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19479 "dtrain.h"
+#line 19610 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20317,7 +20448,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20321 "dtrain.h"
+#line 20452 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -20898,7 +21029,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 20902 "dtrain.h"
+#line 21033 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21529,7 +21660,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21533 "dtrain.h"
+#line 21664 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22325,7 +22456,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22329 "dtrain.h"
+#line 22460 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22678,7 +22809,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22682 "dtrain.h"
+#line 22813 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22868,7 +22999,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 22872 "dtrain.h"
+#line 23003 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23049,7 +23180,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23053 "dtrain.h"
+#line 23184 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23824,7 +23955,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23828 "dtrain.h"
+#line 23959 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24341,7 +24472,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24345 "dtrain.h"
+#line 24476 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25136,7 +25267,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25140 "dtrain.h"
+#line 25271 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26384,7 +26515,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26388 "dtrain.h"
+#line 26519 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27006,7 +27137,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27010 "dtrain.h"
+#line 27141 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27507,7 +27638,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27511 "dtrain.h"
+#line 27642 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28237,7 +28368,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28241 "dtrain.h"
+#line 28372 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28473,7 +28604,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28477 "dtrain.h"
+#line 28608 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28602,7 +28733,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28606 "dtrain.h"
+#line 28737 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29039,7 +29170,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29043 "dtrain.h"
+#line 29174 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29532,7 +29663,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29536 "dtrain.h"
+#line 29667 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30081,7 +30212,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30085 "dtrain.h"
+#line 30216 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30587,7 +30718,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30591 "dtrain.h"
+#line 30722 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32136,7 +32267,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32140 "dtrain.h"
+#line 32271 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32190,7 +32321,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32194 "dtrain.h"
+#line 32325 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33204,6 +33335,16 @@ static void dtr__ck_fix_cursor(dtr_ckpt *ck, unsigned char *dst) {
     memcpy(dst, &c, sizeof c);
 }
 
+/* Frozen parameters (dtr_model_set_trainable): the moments hold the trainable floats only, so
+   no model offsets re-split ZeRO shards of them; without ZeRO every rank holds the same ones
+   and old rank k's are copied (DTR_OK). */
+static dtr_result dtr__ck_frozen_moments(dtr_ckpt *ck, const dtr__ck_src *s, int k, int64_t len) {
+    const dtr__ck_rec *fr = &s->m->files[k];
+    if (len == dtr_model_numel(ck->cfg.model) && fr->shard_begin == 0 && fr->shard_end == len) return DTR_OK;
+    return dtr__errf(ck->msg, sizeof ck->msg, DTR_UNSUPPORTED, "%s: ZeRO shards of an optimizer over frozen parameters "
+                     "(dtr_model_set_trainable) cannot be re-split: restore on %d ranks", s->sd, s->m->world);
+}
+
 /* Stages live entry d from the checkpoint (verified) at ck->stage + d->off. */
 static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d) {
     int same = s->m->world == ck->world, k = same ? ck->rank : ck->rank % s->m->world;
@@ -33213,8 +33354,10 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
     dtr_result r;
     int64_t base, len;
     dtr__optimizer_range(ck->cfg.optimizer, &base, &len);
-    if (!same && o->kind == DTR__CK_OPT && (strcmp(d->name, "optimizer/m") == 0 || strcmp(d->name, "optimizer/v") == 0))
-        return dtr__ck_gather_shard(ck, s, d, ck->stage + d->off);
+    if (!same && o->kind == DTR__CK_OPT && (strcmp(d->name, "optimizer/m") == 0 || strcmp(d->name, "optimizer/v") == 0)) {
+        if (!ck->cfg.model || !dtr__model_frozen(ck->cfg.model)) return dtr__ck_gather_shard(ck, s, d, ck->stage + d->off);
+        if ((r = dtr__ck_frozen_moments(ck, s, k, len)) != DTR_OK) return r;
+    }
     if (!same && o->kind == DTR__CK_DP && strcmp(d->name, "dp/residual") == 0) {
         memset(ck->stage + d->off, 0, d->e.bytes);
         return DTR_OK;
@@ -33368,7 +33511,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33372 "dtrain.h"
+#line 33515 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34271,7 +34414,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34275 "dtrain.h"
+#line 34418 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35749,7 +35892,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35753 "dtrain.h"
+#line 35896 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36142,7 +36285,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36146 "dtrain.h"
+#line 36289 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36291,7 +36434,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36295 "dtrain.h"
+#line 36438 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

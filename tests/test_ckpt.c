@@ -70,6 +70,7 @@ static dtr_result noise_state(void *obj, int index, dtr_state_entry *out) {
 
 typedef struct rig_opts {
     int world, rank, zero, adam, hidden, keep, fallback, sync, skip;
+    int freeze;   /* l1 frozen: only l2 trains (and has moments) */
     dtr_comm *comm;
     const char *dir;
 } rig_opts;
@@ -93,6 +94,7 @@ static int rig_open(rig *g, const rig_opts *o) {
     dtr_optimizer_config oc = dtr_optimizer_config_init(o->adam ? DTR_OPT_ADAM : DTR_OPT_SGD, 0.05f);
     dtr_dp_config dc = dtr_dp_config_init();
     dtr_ckpt_config kc = dtr_ckpt_config_init();
+    const char *l1[1] = {"l1."};
     memset(g, 0, sizeof *g);
     cc.threads = 1;
     cc.seed = 11 + (uint64_t)o->rank;
@@ -119,6 +121,7 @@ static int rig_open(rig *g, const rig_opts *o) {
         dtr_linear_layer_init(&g->l2, g->m, "l2", o->hidden ? o->hidden : 16, 3, 1, DTR_INIT_TORCH_DEFAULT) != DTR_OK ||
         dtr_model_build(g->m) != DTR_OK)
         return 0;
+    if (o->freeze && dtr_model_set_trainable(g->m, l1, 1, 0) != DTR_OK) return 0;
     if (o->comm && (dtr_dp_create(g->m, o->comm, &dc, &g->dp) != DTR_OK || dtr_dp_shard_optimizer(g->dp, &oc) != DTR_OK))
         return 0;
     if (dtr_optimizer_create(g->m, &oc, &g->opt) != DTR_OK || dtr_dataset_from_memory(&mc, &g->ds, NULL, 0) != DTR_OK ||
@@ -215,7 +218,7 @@ static int outcome_same(const outcome *a, const outcome *b) {
 enum { JOB_TRAIN, JOB_SAVE_THEN_RUN, JOB_RESTORE_TRAIN, JOB_SAVE_EVERY_STEP, JOB_RESTORE_ONLY };
 
 typedef struct job {
-    int mode, world, zero, adam, steps, save_at;
+    int mode, world, zero, adam, steps, save_at, freeze;
     const char *dir;
     int signal_fd;                     /* JOB_SAVE_*: rank 0 writes a byte here once a checkpoint is complete */
     dtr_local_world *lw;
@@ -271,6 +274,7 @@ static void *rank_main(void *arg) {
     rig g;
     memset(&o, 0, sizeof o);
     o.world = j->world, o.rank = a->rank, o.zero = j->zero, o.adam = j->adam, o.dir = j->dir, o.keep = 2;
+    o.freeze = j->freeze;
     dtr_store *st = NULL;
     cfg.local.world = j->lw;
     cfg.local.rank = a->rank;
@@ -723,6 +727,31 @@ static void test_corruption(void) {
 
 /* ---- world-size changes ---- */
 
+/* l1 frozen, saved on 2 ranks, restored on 1: without ZeRO the moments (l2's only, the same on
+   both ranks) come back; ZeRO shards of such moments cannot be re-split (a clear error). */
+static void frozen_world_change(int zero) {
+    char dir[256];
+    job save2, load1;
+    CHECK(make_tmp_dir("dtr_ckpt_frozen", dir, sizeof dir));
+    save2 = job_make(JOB_SAVE_THEN_RUN, 2, zero, 1, 4, dir);
+    save2.save_at = 4, save2.freeze = 1;
+    job_run(&save2);
+    CHECK_MSG(save2.result[0] == DTR_OK && save2.result[1] == DTR_OK, "%s / %s", save2.msg[0], save2.msg[1]);
+    load1 = job_make(JOB_RESTORE_ONLY, 1, 0, 1, 0, dir);
+    load1.freeze = 1;
+    job_run(&load1);
+    if (zero) {
+        CHECK_MSG(load1.result[0] == DTR_UNSUPPORTED && strstr(load1.msg[0], "cannot be re-split"), "frozen ZeRO 2 -> 1: %d %s",
+                  load1.result[0], load1.msg[0]);
+    } else {
+        CHECK_MSG(load1.result[0] == DTR_OK, "frozen 2 -> 1: %s", load1.msg[0]);
+        CHECK(load1.out[0].m && save2.out[0].m && load1.out[0].nm == save2.out[0].nm && load1.out[0].nm < load1.out[0].np / 2);
+        CHECK(load1.out[0].m && save2.out[0].m && memcmp(load1.out[0].m, save2.out[0].m, load1.out[0].nm * 4) == 0);
+    }
+    job_free(&save2); job_free(&load1);
+    rm_tree(dir);
+}
+
 static void test_world_change(void) {
     char dir[256], path[700], moved[720];
     job save2, load1, save1, load2, miss;
@@ -786,6 +815,8 @@ static void test_world_change(void) {
           memcmp(load1.out[0].params, save2.out[0].params, load1.out[0].np * 4) == 0);
     job_free(&save2); job_free(&load1);
     rm_tree(dir);
+    frozen_world_change(0);
+    frozen_world_change(1);
 }
 
 int main(void) {

@@ -573,9 +573,11 @@ static void test_null_handles(void) {
 }
 
 /* ---- frozen parameters (dtr_model_set_trainable) ----
- * A 3-layer MLP (l1 4->8 tanh, l2 8->8 tanh, l3 8->2) trained with AdamW (weight decay 0.1)
+ * A 3-layer MLP (l1 4->8 tanh, l2 8->8 tanh, l3 8->2) trained with AdamW or LAMB (weight decay 0.1)
  * with l2 frozen: l2 keeps its bits, gets no gradient, and l1 and l3 end exactly where a model
- * holding only l1 and l3, with l2's values as constants, ends; unfreezing l2 moves it. */
+ * holding only l1 and l3, with l2's values as constants, ends; the optimizer keeps moments for
+ * l1 and l3 only (as many bytes as that model's); unfreezing l2 keeps l1's and l3's moments,
+ * starts l2's from zero and moves l2. */
 
 typedef struct fz_net { dtr_model *m; dtr_linear_layer l1, l2, l3; dtr_tensor *w2, *b2; } fz_net;
 
@@ -610,9 +612,27 @@ static float fz_step(dtr_context *ctx, fz_net *n, dtr_optimizer *opt, const floa
 
 static void fz_read(dtr_tensor *t, float *out, int n) { dtr_tensor_read(t, DTR_F32, out, (size_t)n); }
 
-static void test_frozen(void) {
+/* After l2 of a was unfrozen: both moments span a's whole buffer, l1's and l3's as b's (the
+   model without l2, trained alike), l2's zero. */
+static void fz_carried(dtr_model *a, dtr_optimizer *oa, dtr_optimizer *ob) {
+    int64_t l2 = dtr_model_param_offset(a, 2), l3 = dtr_model_param_offset(a, 4), n = dtr_model_numel(a), i;
+    int k, count = 0;
+    for (k = 0; k < 2; k++) {
+        const float *ma = dtr_optimizer_moments(oa, k, &count), *mb = dtr_optimizer_moments(ob, k, NULL);
+        int zero = 1;
+        CHECK(ma && mb && count == 2);
+        if (!ma || !mb) return;
+        for (i = l2; i < l3; i++) zero &= ma[i] == 0.0f;
+        CHECK_MSG(memcmp(ma, mb, (size_t)l2 * sizeof(float)) == 0, "moment %d of l1 not carried", k);
+        CHECK_MSG(memcmp(ma + l3, mb + l2, (size_t)(n - l3) * sizeof(float)) == 0, "moment %d of l3 not carried", k);
+        CHECK_MSG(zero, "moment %d of l2 is not zero", k);
+    }
+    CHECK_EQ_INT(test_moment_bytes(oa), 2 * (size_t)n * sizeof(float));
+}
+
+static void frozen_case(dtr_optimizer_kind kind) {
     dtr_context *ctx = test_ctx(1);
-    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.05f);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(kind, 0.05f);
     dtr_optimizer *oa = NULL, *ob = NULL;
     fz_net a, b;
     const char *l2[1] = {"l2."}, *typo[1] = {"l9."};
@@ -651,7 +671,9 @@ static void test_frozen(void) {
     CHECK(memcmp(pa, pb, sizeof pa) == 0);
     fz_read(a.l3.weight, pa, 16), fz_read(b.l3.weight, pb, 16);
     CHECK(memcmp(pa, pb, 16 * sizeof(float)) == 0);
+    CHECK_EQ_INT(test_moment_bytes(oa), test_moment_bytes(ob));   /* no state for l2 */
     CHECK_OK(ctx, dtr_model_set_trainable(a.m, NULL, 0, 1));   /* everything trainable again */
+    fz_carried(a.m, oa, ob);
     fz_step(ctx, &a, oa, NULL, NULL, 9);
     fz_read(a.l2.weight, w2_after, 64);
     for (k = 0; k < 64 && w2_after[k] == w2[k]; k++) {}
@@ -659,6 +681,12 @@ static void test_frozen(void) {
     dtr_optimizer_destroy(oa), dtr_optimizer_destroy(ob);
     dtr_model_destroy(a.m), dtr_model_destroy(b.m);
     dtr_context_destroy(ctx);
+}
+
+/* AdamW, and LAMB (its per-parameter trust ratios over the runs of trainable parameters) */
+static void test_frozen(void) {
+    frozen_case(DTR_OPT_ADAMW);
+    frozen_case(DTR_OPT_LAMB);
 }
 
 int main(void) {

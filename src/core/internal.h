@@ -856,6 +856,9 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
+/** A number that changes with every change of the model's trainable set (an optimizer lays its
+ *  state out again when it differs from the one it saw). */
+DTR__PRIVATE unsigned dtr__model_trainable_gen(const dtr_model *m);
 /** The recurrence op `op` (DTR_OP_LSTM, DTR_OP_GRU; inputs gx, w_hh, b_hh, h0, c0 (the GRU's
  *  NULL), lengths) -> y (T, B, 2H | H), errors naming fn. lengths: B host values in 1..T
  *  (checked by the caller; a row past its length carries its state: y = the step before's),

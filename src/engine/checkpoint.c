@@ -1008,6 +1008,16 @@ static void dtr__ck_fix_cursor(dtr_ckpt *ck, unsigned char *dst) {
     memcpy(dst, &c, sizeof c);
 }
 
+/* Frozen parameters (dtr_model_set_trainable): the moments hold the trainable floats only, so
+   no model offsets re-split ZeRO shards of them; without ZeRO every rank holds the same ones
+   and old rank k's are copied (DTR_OK). */
+static dtr_result dtr__ck_frozen_moments(dtr_ckpt *ck, const dtr__ck_src *s, int k, int64_t len) {
+    const dtr__ck_rec *fr = &s->m->files[k];
+    if (len == dtr_model_numel(ck->cfg.model) && fr->shard_begin == 0 && fr->shard_end == len) return DTR_OK;
+    return dtr__errf(ck->msg, sizeof ck->msg, DTR_UNSUPPORTED, "%s: ZeRO shards of an optimizer over frozen parameters "
+                     "(dtr_model_set_trainable) cannot be re-split: restore on %d ranks", s->sd, s->m->world);
+}
+
 /* Stages live entry d from the checkpoint (verified) at ck->stage + d->off. */
 static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d) {
     int same = s->m->world == ck->world, k = same ? ck->rank : ck->rank % s->m->world;
@@ -1017,8 +1027,10 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
     dtr_result r;
     int64_t base, len;
     dtr__optimizer_range(ck->cfg.optimizer, &base, &len);
-    if (!same && o->kind == DTR__CK_OPT && (strcmp(d->name, "optimizer/m") == 0 || strcmp(d->name, "optimizer/v") == 0))
-        return dtr__ck_gather_shard(ck, s, d, ck->stage + d->off);
+    if (!same && o->kind == DTR__CK_OPT && (strcmp(d->name, "optimizer/m") == 0 || strcmp(d->name, "optimizer/v") == 0)) {
+        if (!ck->cfg.model || !dtr__model_frozen(ck->cfg.model)) return dtr__ck_gather_shard(ck, s, d, ck->stage + d->off);
+        if ((r = dtr__ck_frozen_moments(ck, s, k, len)) != DTR_OK) return r;
+    }
     if (!same && o->kind == DTR__CK_DP && strcmp(d->name, "dp/residual") == 0) {
         memset(ck->stage + d->off, 0, d->e.bytes);
         return DTR_OK;

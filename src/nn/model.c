@@ -24,6 +24,7 @@ struct dtr_model {
     int n_dropped;
     int64_t total;        /* floats in each buffer, padding included */
     int frozen;           /* parameters set not trainable (dtr_model_set_trainable) */
+    unsigned trainable_gen;   /* bumped by every change of the trainable set (optimizers lay out their state again) */
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
@@ -423,6 +424,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
         if (was == !!trainable) continue;
         t->flags = trainable ? t->flags | DTR__REQUIRES_GRAD : t->flags & ~(unsigned)DTR__REQUIRES_GRAD;
         m->frozen += trainable ? -1 : 1;
+        m->trainable_gen++;
     }
     if (!matched)
         return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", n ? prefixes[0] : "",
@@ -435,6 +437,8 @@ int dtr_model_param_trainable(const dtr_model *m, int i) {
 }
 
 int dtr__model_frozen(const dtr_model *m) { return m->frozen; }
+
+unsigned dtr__model_trainable_gen(const dtr_model *m) { return m->trainable_gen; }
 
 int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end) {
     if (!m->frozen) {   /* everything: one run */

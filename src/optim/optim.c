@@ -16,14 +16,27 @@
 #define DTR__OPT_SQRT4(p) vst1q_f32((p), vsqrtq_f32(vld1q_f32(p)))
 #endif
 
+/* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
+   buffers, its state from float at[r] on; frozen parameters (dtr_model_set_trainable) have
+   none. Without frozen parameters, one run: the optimizer's whole range. */
+typedef struct dtr__state_map {
+    int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
+    int n;
+    int64_t floats;           /* the runs' total: the length of each state buffer */
+    unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
+} dtr__state_map;
+
 struct dtr_optimizer {
     dtr_model *model;
     dtr_optimizer_config cfg;
-    float *m, *v, *work;      /* backend memory, len floats each (NULL when unused) */
+    float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
+    int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
-    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base (with
+    dtr__state_map map;
+    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to their run (with
                                        shard_sum: their parts inside the shard) */
     int *seg_param;           /* LAMB: the parameter of each segment */
+    int *run_seg;             /* LAMB: run r's segments are [run_seg[r], run_seg[r + 1]) */
     int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
@@ -101,27 +114,114 @@ static dtr_result dtr__check_shard(dtr_model *m, const dtr_optimizer_config *cfg
     return DTR_OK;
 }
 
-/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base;
-   with shard_sum the parts of those that cross its ends too */
+/* LAMB's per-parameter segments: the parameters inside each run, relative to the run's start;
+   with shard_sum (one run, the shard) the parts of those that cross its ends too */
 static void dtr__lamb_segments(dtr_optimizer *o) {
-    int64_t lo = o->base, hi = o->base + o->len;
-    int i;
+    int i, r;
     o->nseg = 0;
-    for (i = 0; i < dtr_model_param_count(o->model); i++) {
-        int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
-        if (o->cfg.shard_sum) b = b > lo ? b : lo, e = e < hi ? e : hi;
-        if (b < lo || e > hi || b >= e) continue;
-        o->seg_param[o->nseg] = i;
-        o->seg_begin[o->nseg] = b - o->base;
-        o->seg_end[o->nseg++] = e - o->base;
+    for (r = 0; r < o->map.n; r++) {
+        int64_t lo = o->map.lo[r], hi = o->map.hi[r];
+        o->run_seg[r] = o->nseg;
+        for (i = 0; i < dtr_model_param_count(o->model); i++) {
+            int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
+            if (o->cfg.shard_sum) b = b > lo ? b : lo, e = e < hi ? e : hi;
+            if (b < lo || e > hi || b >= e) continue;
+            o->seg_param[o->nseg] = i;
+            o->seg_begin[o->nseg] = b - lo;
+            o->seg_end[o->nseg++] = e - lo;
+        }
     }
+    o->run_seg[o->map.n] = o->nseg;
+}
+
+/* ---- the state's layout ---- */
+
+/* map's runs: the model's trainable runs inside [base, base + len) */
+static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
+    int64_t rb, re, lo = o->base, hi = o->base + o->len;
+    int i = 0;
+    map->n = 0, map->floats = 0;
+    map->gen = dtr__model_trainable_gen(o->model);
+    while (dtr__model_trainable_run(o->model, &i, &rb, &re)) {
+        rb = rb > lo ? rb : lo, re = re < hi ? re : hi;
+        if (rb >= re) continue;
+        map->lo[map->n] = rb, map->hi[map->n] = re, map->at[map->n++] = map->floats;
+        map->floats += re - rb;
+    }
+}
+
+static void dtr__map_free(dtr_context *ctx, dtr__state_map *map) {
+    dtr__free(&ctx->alloc, map->lo), dtr__free(&ctx->alloc, map->hi), dtr__free(&ctx->alloc, map->at);
+    memset(map, 0, sizeof *map);
+}
+
+/* Copies the floats both maps hold from state src (laid out by `from`) to dst (by `to`). */
+static dtr_result dtr__map_carry(dtr_context *ctx, const dtr__state_map *from, const float *src, const dtr__state_map *to,
+                                 float *dst) {
+    dtr_result r = DTR_OK;
+    int a, b;
+    for (a = 0; a < to->n && r == DTR_OK; a++)
+        for (b = 0; b < from->n && r == DTR_OK; b++) {
+            int64_t lo = to->lo[a] > from->lo[b] ? to->lo[a] : from->lo[b], hi = to->hi[a] < from->hi[b] ? to->hi[a] : from->hi[b];
+            if (lo < hi)
+                r = dtr__mem_copy(ctx, dst + to->at[a] + (lo - to->lo[a]), src + from->at[b] + (lo - from->lo[b]),
+                                  (size_t)(hi - lo) * sizeof(float));
+        }
+    return r;
+}
+
+static void dtr__state_free(dtr_context *ctx, float *buf[3]) {
+    int k;
+    for (k = 0; k < 3; k++)
+        if (buf[k]) ctx->backend->mem_free(ctx, buf[k]);
+}
+
+/* The state buffers of `floats` each: the kind's moments (zeroed) and LAMB's work. */
+static dtr_result dtr__state_alloc(dtr_optimizer *o, int64_t floats, float *buf[3]) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    size_t bytes = (size_t)(floats ? floats : 1) * sizeof(float);
+    int k;
+    for (k = 0; k < 3; k++) {
+        if (k < 2 ? k >= o->nbuf : o->cfg.kind != DTR_OPT_LAMB) continue;
+        buf[k] = (float *)ctx->backend->mem_alloc(ctx, bytes);
+        if (!buf[k] || (k < 2 && ctx->backend->memset0(ctx, buf[k], bytes) != DTR_OK)) return DTR_OUT_OF_MEMORY;
+    }
+    return DTR_OK;
+}
+
+/* Lays the state out for the model's trainable set, at create and again after it changed
+   (dtr_model_set_trainable after dtr_optimizer_create): the moments of floats trainable before
+   and now are carried over, newly trainable ones start from zero, frozen ones hold none. */
+static dtr_result dtr__layout(dtr_optimizer *o) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    size_t cap = (size_t)(dtr_model_param_count(o->model) + 1) * sizeof(int64_t);
+    float *buf[3] = {NULL, NULL, NULL}, *old[3];
+    dtr__state_map map;
+    dtr_result r = DTR_OK;
+    if (o->map.lo && o->map.gen == dtr__model_trainable_gen(o->model)) return DTR_OK;
+    memset(&map, 0, sizeof map);
+    map.lo = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.hi = (int64_t *)dtr__malloc(&ctx->alloc, cap);
+    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap);
+    if (!map.lo || !map.hi || !map.at) r = DTR_OUT_OF_MEMORY;
+    if (r == DTR_OK) dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
+    if (r == DTR_OK && o->m) r = dtr__map_carry(ctx, &o->map, o->m, &map, buf[0]);
+    if (r == DTR_OK && o->v) r = dtr__map_carry(ctx, &o->map, o->v, &map, buf[1]);
+    if (r != DTR_OK) {
+        int64_t floats = map.floats;
+        dtr__state_free(ctx, buf), dtr__map_free(ctx, &map);
+        return dtr__fail(ctx, r, "dtr_optimizer: out of memory for the optimizer state (%lld floats a buffer)", (long long)floats);
+    }
+    old[0] = o->m, old[1] = o->v, old[2] = o->work;
+    dtr__state_free(ctx, old);
+    dtr__map_free(ctx, &o->map);
+    o->map = map, o->m = buf[0], o->v = buf[1], o->work = buf[2];
+    if (o->run_seg) dtr__lamb_segments(o);
+    return DTR_OK;
 }
 
 dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
     dtr_context *ctx;
     dtr_optimizer *o;
-    size_t bytes;
-    int nbuf = 0;
     dtr_result r;
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
@@ -148,40 +248,39 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
-    bytes = (size_t)(o->len ? o->len : 1) * sizeof(float);
-    nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
-           : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
-    if (nbuf >= 1) o->m = (float *)ctx->backend->mem_alloc(ctx, bytes);
-    if (nbuf >= 2) o->v = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
+              : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
     if (cfg->kind == DTR_OPT_LAMB) {
-        int n = dtr_model_param_count(model);
-        o->work = (float *)ctx->backend->mem_alloc(ctx, bytes);
-        o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        o->seg_param = (int *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int));
-        if (o->seg_begin && o->seg_end && o->seg_param) dtr__lamb_segments(o);
+        size_t n = (size_t)dtr_model_param_count(model) + 2;
+        o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, n * sizeof(int64_t));
+        o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, n * sizeof(int64_t));
+        o->seg_param = (int *)dtr__malloc(&ctx->alloc, n * sizeof(int));
+        o->run_seg = (int *)dtr__malloc(&ctx->alloc, n * sizeof(int));
+        if (!o->seg_begin || !o->seg_end || !o->seg_param || !o->run_seg) {
+            dtr_optimizer_destroy(o);
+            return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+        }
     }
-    if ((nbuf >= 1 && !o->m) || (nbuf >= 2 && !o->v) ||
-        (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end || !o->seg_param))) {
+    if ((r = dtr__layout(o)) != DTR_OK) {
         dtr_optimizer_destroy(o);
-        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory for the optimizer state");
+        return r;
     }
-    if (o->m) ctx->backend->memset0(ctx, o->m, bytes);
-    if (o->v) ctx->backend->memset0(ctx, o->v, bytes);
     *out = o;
     return DTR_OK;
 }
 
 void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr_context *ctx;
+    float *buf[3];
     if (!o) return;
     ctx = dtr_model_context(o->model);
-    if (o->m) ctx->backend->mem_free(ctx, o->m);
-    if (o->v) ctx->backend->mem_free(ctx, o->v);
-    if (o->work) ctx->backend->mem_free(ctx, o->work);
+    buf[0] = o->m, buf[1] = o->v, buf[2] = o->work;
+    dtr__state_free(ctx, buf);
+    dtr__map_free(ctx, &o->map);
     dtr__free(&ctx->alloc, o->seg_begin);
     dtr__free(&ctx->alloc, o->seg_end);
     dtr__free(&ctx->alloc, o->seg_param);
+    dtr__free(&ctx->alloc, o->run_seg);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -193,7 +292,7 @@ void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.l
 
 float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
     int n;
-    if (!o) { if (count) *count = 0; return NULL; }
+    if (!o || dtr__layout(o) != DTR_OK) { if (count) *count = 0; return NULL; }
     n = (o->m ? 1 : 0) + (o->v ? 1 : 0);
     if (count) *count = n;
     if (index == 0) return o->m;
@@ -378,12 +477,26 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
+/* a's buffers for run r of the state map: the run's parameters, gradients and state */
+static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
+    int64_t lo = o->map.lo[r], at = o->map.at[r];
+    a->param = dtr_model_params(o->model) + lo;
+    a->grad = dtr_model_grads(o->model) + lo;
+    a->m = o->m ? o->m + at : NULL;
+    a->v = o->v ? o->v + at : NULL;
+    a->work = o->work ? o->work + at : NULL;
+    if (o->run_seg) {
+        a->nseg = o->run_seg[r + 1] - o->run_seg[r];
+        a->seg_begin = o->seg_begin + o->run_seg[r];
+        a->seg_end = o->seg_end + o->run_seg[r];
+    }
+}
+
 /* The update over [begin, end), one call a run of trainable parameters: frozen ones
    (dtr_model_set_trainable) keep their values, weight decay included. */
 static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t begin, int64_t end) {
     dtr_context *ctx = dtr_model_context(o->model);
-    int64_t rb, re;
-    int i = 0;
+    int k;
     dtr_result r = DTR_OK;
     if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
         if (dtr__model_frozen(o->model))
@@ -392,11 +505,11 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
-    while (r == DTR_OK && dtr__model_trainable_run(o->model, &i, &rb, &re)) {
-        if (rb < begin) rb = begin;
-        if (re > end) re = end;
+    for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        int64_t lo = o->map.lo[k], rb = lo > begin ? lo : begin, re = o->map.hi[k] < end ? o->map.hi[k] : end;
         if (rb >= re) continue;
-        a->begin = rb - o->base, a->n = re - o->base;
+        dtr__run_args(o, a, k);
+        a->begin = rb - lo, a->n = re - lo;
         r = ctx->backend->optimizer_update(ctx, a);
     }
     return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
@@ -410,6 +523,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     double norm = -1.0;
     int skip;
     o->micro = 0;
+    if ((r = dtr__layout(o)) != DTR_OK) return r;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
     a.begin = begin - o->base;   /* the kernel sees the optimizer's floats, state-aligned */
@@ -520,9 +634,11 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
 
 dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out) {
     size_t bytes;
+    dtr_result r;
     int dev;
     if (!o || !out) return DTR_NULL_HANDLE;
-    bytes = (size_t)o->len * sizeof(float);   /* 0 for an empty shard */
+    if (index >= 3 && (r = dtr__layout(o)) != DTR_OK) return r;
+    bytes = (size_t)o->map.floats * sizeof(float);   /* 0 for an empty shard, or all frozen */
     dev = !dtr__host_memory(dtr_model_context(o->model));
     if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
     if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);

@@ -956,11 +956,15 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  `prefixes` (n 0: every parameter): fine-tuning a loaded model's last layers, or training an
  *  adapter beside frozen weights. A frozen parameter gets no gradient (backward skips its
  *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
- *  optimizers leave its values and state alone, weight decay included; its place in the
- *  buffers stays (a gradient of zeros under data parallelism). Takes effect at the next
- *  backward and optimizer step; unfreezing later is allowed (its moments start from zero).
- *  Call it alike on every rank's model (data-parallel ranks, parameter servers, stages).
- *  LAMB over a ZeRO shard refuses frozen parameters (DTR_UNSUPPORTED at the step).
+ *  optimizers leave its values alone, weight decay included, and keep no state for it (Adam's
+ *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
+ *  stays (a gradient of zeros under data parallelism). Takes effect at the next backward and
+ *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
+ *  next call: the moments of parameters trainable before and after are kept, the newly
+ *  trainable ones start from zero). Call it alike on every rank's model (data-parallel ranks,
+ *  parameter servers, stages). LAMB over a ZeRO shard refuses frozen parameters
+ *  (DTR_UNSUPPORTED at the step), and so does restoring ZeRO shards of an optimizer over frozen
+ *  parameters on another number of ranks.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
@@ -1553,10 +1557,14 @@ DTR_API double dtr_optimizer_grad_norm(const dtr_optimizer *opt);
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
-/** The optimizer's moment buffers: `count` buffers of dtr_model_numel floats each (SGD with
- *  momentum: 1; the Adam family and LAMB: 2, m and v; RMSprop: the square average, then the
- *  momentum buffer with momentum; Adagrad: 1, the sum of squares), NULL past the end. For checkpoints, prefer
- *  dtr_optimizer_state, which lists every piece of the optimizer's state.
+/** The optimizer's moment buffers: `count` buffers (SGD with momentum: 1; the Adam family and
+ *  LAMB: 2, m and v; RMSprop: the square average, then the momentum buffer with momentum;
+ *  Adagrad: 1, the sum of squares), NULL past the end (and for every index when the state
+ *  cannot be laid out: out of memory). Each holds the floats of the optimizer's range
+ *  (dtr_model_numel, or its shard) that are trainable, in the buffer's order: without frozen
+ *  parameters float i is the parameter buffer's float i (of the shard); frozen ones
+ *  (dtr_model_set_trainable) are left out. For checkpoints, prefer dtr_optimizer_state, which
+ *  lists every piece of the optimizer's state.
  *  Thread safety: the model's context thread. */
 DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
 /** One update over the range [begin, end) of the parameter buffer (offsets as
