@@ -119,7 +119,8 @@ static int round_trip_rank(dtr_comm *c, void *user) {
     int64_t n = 0, i;
     mlp net;
     if (!mlp_init(&net, 7, 1) || dtr_dp_create(net.m, c, &j->dc, &dp) != DTR_OK) goto done;
-    n = j->numel = dtr_model_numel(net.m);
+    n = dtr_model_numel(net.m);
+    if (rank == 0) j->numel = n;   /* the same on every rank */
     if (dtr_dp_set_no_sync(dp, 1) != DTR_OK || mlp_backward(&net, 0, (int64_t)rank * j->b, j->b) != DTR_OK) goto done;
     loc = copy_of(dtr_model_grads(net.m), n);
     ex = copy_of(loc, n);
@@ -258,7 +259,8 @@ static int sgd_rank(dtr_comm *c, void *user) {
     int64_t n = 0;
     mlp net;
     if (!mlp_init(&net, 7, 1) || dtr_dp_create(net.m, c, &j->dc, &dp) != DTR_OK) goto done;
-    n = j->numel = dtr_model_numel(net.m);
+    n = dtr_model_numel(net.m);
+    if (rank == 0) j->numel = n;   /* the same on every rank */
     j->trace[rank] = (float *)malloc((size_t)(n * j->steps) * sizeof(float));
     for (t = 0; t < j->steps; t++) {
         if (mlp_backward(&net, t, (int64_t)rank * j->b, j->b) != DTR_OK) goto done;

@@ -227,10 +227,11 @@ static dtr_result fm_worker(ps_job *j, fm_net *net, dtr_ps *ps, int wi) {
 /* a copy of rank's parameters for the checks after the job */
 static void keep_params(ps_job *j, int rank, dtr_model *m) {
     dtr_context *ctx = dtr_model_context(m);
-    j->numel = dtr_model_numel(m);
-    j->params[rank] = (float *)malloc((size_t)j->numel * sizeof(float));
-    if (ctx->backend->to_host(ctx, j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float)) != DTR_OK)
-        memset(j->params[rank], 0xff, (size_t)j->numel * sizeof(float));   /* NaN: compares unequal */
+    int64_t numel = dtr_model_numel(m);   /* every rank's model is the same: rank 0 records it */
+    if (rank == 0) j->numel = numel;
+    j->params[rank] = (float *)malloc((size_t)numel * sizeof(float));
+    if (ctx->backend->to_host(ctx, j->params[rank], dtr_model_params(m), (size_t)numel * sizeof(float)) != DTR_OK)
+        memset(j->params[rank], 0xff, (size_t)numel * sizeof(float));   /* NaN: compares unequal */
 }
 
 /* a rank's context: the simulated device for a worker of a job with devsim_workers */

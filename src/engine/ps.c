@@ -993,14 +993,17 @@ static int dtr__ps_ready(const dtr_ps *ps, int w) {
 }
 
 /* the reply to worker p's pull (sealed; *n bytes): the shared copy of the range at this clock
-   (made when none is in flight at an older one), or p's own */
+   (made when none is in flight at an older one; sealed once, as sends of it to other workers
+   may be reading it), or p's own */
 static const uint8_t *dtr__ps_reply(dtr_ps *ps, dtr__ps_peer *p, size_t *n) {
     int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
     dtr__ps_hdr h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
     uint8_t *buf = ps->snap_clock == ps->clock || ps->snap_users == 0 ? ps->snap : p->out;
-    if (buf != ps->snap || ps->snap_clock != ps->clock)
+    *n = dtr__ps_message_bytes(&h);
+    if (buf != ps->snap || ps->snap_clock != ps->clock) {
         memcpy(buf + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
-    *n = dtr__ps_seal(buf, &h);
+        dtr__ps_seal(buf, &h);
+    }
     if (buf == ps->snap) ps->snap_clock = ps->clock, ps->snap_users++, p->snap_out = 1;
     return buf;
 }
