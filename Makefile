@@ -191,7 +191,7 @@ endif
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full test-elastic-full soak \
-        test-arm64 test-arm64-if-available
+        test-arm64 test-arm64-if-available test-tsan
 .DEFAULT_GOAL := all
 
 # all: the library, every test, example and benchmark.
@@ -552,6 +552,18 @@ test-sanitize: deps
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 DTR_TEST_QUICK=1 TEST_TIMEOUT=1500 \
 	    tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS) $(EMU_TESTS))
 
+# test-tsan: the multi-threaded tests (thread pool, local transport, loader, data-parallel,
+# pipeline, ZeRO, parameter servers, compression, observability) built with ThreadSanitizer
+# into build-tsan/ and run with DTR_TEST_QUICK=1: a data race fails the program (x86's strong
+# memory order hides races that ARM's weaker one shows). Not in check (minutes).
+TSAN_TESTS ?= test_gemm test_core test_comm test_data_loader test_dp test_pipeline test_zero test_ps test_obs \
+              test_compress test_tensor_parallel test_health
+test-tsan:
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-tsan OPT="-O1 -g" SANITIZE="-fsanitize=thread" \
+	    $(addprefix build-tsan/tests/,$(TSAN_TESTS))
+	TSAN_OPTIONS="halt_on_error=1 report_signal_unsafe=0" DTR_TEST_QUICK=1 TEST_TIMEOUT=1500 \
+	    tests/run.sh $(addprefix build-tsan/tests/,$(TSAN_TESTS))
+
 # test-arm64: the library and ARM_TESTS cross-compiled for AArch64 by ARM_CC (warnings are
 # errors there too) into ARM_BUILD, and run under qemu-aarch64 in user mode (QEMU_LD_PREFIX: the
 # cross C library), DTR_TEST_QUICK=1. The default set checks what differs on ARM: the NEON GEMM
@@ -668,7 +680,7 @@ uninstall:
 
 # clean: removes the build folders.
 clean:
-	rm -rf $(BUILD) build-asan $(ARM_BUILD)
+	rm -rf $(BUILD) build-asan build-tsan $(ARM_BUILD)
 
 # help: this list.
 help:
@@ -698,6 +710,7 @@ help:
 	@echo "  private-check    the library exports only the dtr__ symbols other units and tests use"
 	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
+	@echo "  test-tsan        the multi-threaded tests under ThreadSanitizer in build-tsan/ (TSAN_TESTS)"
 	@echo "  test-arm64       ARM_TESTS cross-compiled for AArch64 ($(ARM_BUILD)/), run under qemu-aarch64 (part of check)"
 	@echo "  test-compress-full  gradient compression accuracy over whole epochs (minutes)"
 	@echo "  test-elastic-full   every fault of the kill matrix over both providers (minutes)"
@@ -709,7 +722,7 @@ help:
 	@echo "                   libdtrain_comm + dtrain-comm.pc (dtrain::comm), with nvcc libdtrain_cuda (dtrain::cuda)"
 	@echo "  uninstall        removes it all (DESTDIR honoured by both)"
 	@echo "  deps, bench-deps install the Debian packages for the tests / the benchmarks"
-	@echo "  clean            remove $(BUILD)/, build-asan/ and $(ARM_BUILD)/"
+	@echo "  clean            remove $(BUILD)/, build-asan/, build-tsan/ and $(ARM_BUILD)/"
 	@echo "Variables (current value):"
 	@echo "  CC=$(CC) CXX=$(CXX) OPT=$(OPT) ARCH=$(ARCH) (portable when empty; ARCH=-march=native tunes for this CPU)"
 	@echo "  WERROR=$(WERROR) EXTRA_CFLAGS=$(EXTRA_CFLAGS) BUILD=$(BUILD) JOBS=$(JOBS)"
