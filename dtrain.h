@@ -968,7 +968,8 @@ DTR_API dtr_tensor *dtr_model_buffer(dtr_model *m, const char *name, int ndim, c
 DTR_API int dtr_model_buffer_count(const dtr_model *m);
 DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
 /** Keeps only the parameters whose names start with one of the n `prefixes` (for example the
- *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}); call it after declaring the
+ *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}; a '*' in a prefix matches any run
+ *  of characters, as in dtr_model_set_trainable); call it after declaring the
  *  whole model and before dtr_model_build. Kept parameters start from the values they would
  *  have in the whole model (each parameter's initialiser stream is its declaration number),
  *  so a split model and the whole one train from the same weights. A parameter left out
@@ -979,7 +980,8 @@ DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
 DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n);
 /** Freezes (trainable 0) or unfreezes (1) the parameters whose names start with one of the n
  *  `prefixes` (n 0: every parameter): fine-tuning a loaded model's last layers, or training an
- *  adapter beside frozen weights. A frozen parameter gets no gradient (backward skips its
+ *  adapter beside frozen weights. A '*' in a prefix matches any run of characters: "h.*.attn."
+ *  is every block's attention, "*lora_" every LoRA adapter (dtr_linear_layer_add_lora). A frozen parameter gets no gradient (backward skips its
  *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
  *  optimizers leave its values alone, weight decay included, and keep no state for it (Adam's
  *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
@@ -1050,8 +1052,13 @@ DTR_API dtr_result dtr_model_zero_grad(dtr_model *m);
 /** The context the model lives on. */
 DTR_API dtr_context *dtr_model_context(const dtr_model *m);
 
-/** Fully connected layer: weight (out, in), optional bias (out). */
-typedef struct dtr_linear_layer { dtr_tensor *weight, *bias; int64_t in, out; } dtr_linear_layer;
+/** Fully connected layer: weight (out, in), optional bias (out), optional LoRA adapter. */
+typedef struct dtr_linear_layer {
+    dtr_tensor *weight, *bias;
+    int64_t in, out;
+    dtr_tensor *lora_a, *lora_b;   /**< a LoRA adapter (dtr_linear_layer_add_lora): A (rank, in), B (out, rank); or NULL */
+    float lora_scale;              /**< alpha / rank */
+} dtr_linear_layer;
 /** 2-D convolution layer: weight (out, in / groups, kh, kw), bias (out) or NULL; forward
  *  convolves with `conv` (the geometry given to init; fields other than groups may change
  *  after init). A transposed one (dtr_conv_transpose2d_layer_init): weight
@@ -1203,6 +1210,24 @@ DTR_API dtr_result dtr_llama_block_init(dtr_llama_block *block, dtr_model *m, co
  *  DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
 DTR_API dtr_result dtr_lstm_layer_init(dtr_lstm_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
 DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
+/** Adds a LoRA adapter (Hu et al. 2021; Hugging Face PEFT's names and initialisation) to a
+ *  linear layer of model m, before dtr_model_build: parameters "<name>.lora_A.weight"
+ *  (rank, in), U(-1/sqrt(in), 1/sqrt(in)), and "<name>.lora_B.weight" (out, rank), zeros. The
+ *  layer's forward then adds (alpha / rank) (x A^T) B^T to x W^T + b: the same output until B
+ *  trains. Every linear of the attention layer and of the GPT and Llama blocks takes one
+ *  (block.attn.qkv, block.q, ...). To train the adapters only: dtr_model_set_trainable(m, NULL,
+ *  0, 0), then (const char *[]){"*lora_"} trainable; the optimizer keeps state for them alone.
+ *  Load a pretrained base with dtr_model_load_ex and optional {"*lora_"}.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (rank < 1, alpha <= 0, a layer not made
+ *          by dtr_linear_layer_init, an adapter there already), DTR_BAD_STATE (model built).
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *layer, dtr_model *m, int rank, float alpha);
+/** Folds the layer's adapter into its weight, W += (alpha / rank) B A (accumulated in double),
+ *  and sets B to zero: the layer's output stays (up to f32 rounding), and a file saved now holds
+ *  the merged weight for a model without adapters (dtr_model_load skips the adapters' entries).
+ *  Training on starts a fresh adapter from the merged weight. @return DTR_OK, DTR_NULL_HANDLE,
+ *  DTR_INVALID_ARGUMENT (no adapter), DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *layer);
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
@@ -1379,6 +1404,21 @@ DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
  *  tensor-parallel shard reads the full tensor (single-device shape) and keeps its slice.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
+/** dtr_model_load's settings (dtr_load_config_init: none). `optional`: n_optional name
+ *  prefixes (with '*' as in dtr_model_set_trainable) of parameters and buffers the file may
+ *  lack: those keep their values. A pretrained base into a model with LoRA adapters:
+ *  {"*lora_"}; an adapter file into it: {"*"} (every tensor of the model the file has is
+ *  loaded). */
+typedef struct dtr_load_config {
+    const char *const *optional;
+    int n_optional;
+} dtr_load_config;
+/** A dtr_load_config with no optional tensors (what dtr_model_load uses). */
+DTR_API dtr_load_config dtr_load_config_init(void);
+/** dtr_model_load with settings (NULL: dtr_model_load's). A file that holds none of the
+ *  model's tensors is DTR_NOT_FOUND even when every one is optional (a wrong file). Errors and
+ *  thread safety as dtr_model_load's. */
+DTR_API dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_config *cfg);
 
 /* ---- safetensors, low level ---- */
 
@@ -4766,7 +4806,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4770 "dtrain.h"
+#line 4810 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5685,7 +5725,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5689 "dtrain.h"
+#line 5729 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6183,7 +6223,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6187 "dtrain.h"
+#line 6227 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6245,7 +6285,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6249 "dtrain.h"
+#line 6289 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6624,7 +6664,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6628 "dtrain.h"
+#line 6668 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6667,7 +6707,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6671 "dtrain.h"
+#line 6711 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6701,7 +6741,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6705 "dtrain.h"
+#line 6745 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6760,7 +6800,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6764 "dtrain.h"
+#line 6804 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6834,7 +6874,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6838 "dtrain.h"
+#line 6878 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6902,7 +6942,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6906 "dtrain.h"
+#line 6946 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6977,7 +7017,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6981 "dtrain.h"
+#line 7021 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7329,7 +7369,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7333 "dtrain.h"
+#line 7373 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8292,7 +8332,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8296 "dtrain.h"
+#line 8336 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8967,7 +9007,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8971 "dtrain.h"
+#line 9011 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9058,7 +9098,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9062 "dtrain.h"
+#line 9102 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9540,7 +9580,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9544 "dtrain.h"
+#line 9584 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9795,7 +9835,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9799 "dtrain.h"
+#line 9839 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10028,7 +10068,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10032 "dtrain.h"
+#line 10072 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10147,7 +10187,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10151 "dtrain.h"
+#line 10191 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10203,7 +10243,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10207 "dtrain.h"
+#line 10247 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10601,7 +10641,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10605 "dtrain.h"
+#line 10645 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10866,7 +10906,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10870 "dtrain.h"
+#line 10910 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11430,7 +11470,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11434 "dtrain.h"
+#line 11474 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11612,7 +11652,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11616 "dtrain.h"
+#line 11656 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13242,7 +13282,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13246 "dtrain.h"
+#line 13286 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14149,7 +14189,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14153 "dtrain.h"
+#line 14193 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14411,7 +14451,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14415 "dtrain.h"
+#line 14455 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14812,7 +14852,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14816 "dtrain.h"
+#line 14856 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -14946,7 +14986,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 14950 "dtrain.h"
+#line 14990 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15305,10 +15345,21 @@ dtr_result dtr_model_build(dtr_model *m) {
 
 /* ---- keeping a part of a model (a pipeline stage) ---- */
 
+/* 1 when name starts with pattern, a '*' of which matches any run of characters (none too) */
+static int dtr__prefix_match(const char *name, const char *pat) {
+    for (; *pat && *pat != '*'; pat++, name++)
+        if (*name != *pat) return 0;
+    if (!*pat) return 1;
+    for (pat++;; name++) {   /* the rest of the pattern from each position on */
+        if (dtr__prefix_match(name, pat)) return 1;
+        if (!*name) return 0;
+    }
+}
+
 static int dtr__has_prefix(const char *name, const char *const *prefixes, int n) {
     int k;
     for (k = 0; k < n; k++)
-        if (prefixes[k] && !strncmp(name, prefixes[k], strlen(prefixes[k]))) return 1;
+        if (prefixes[k] && dtr__prefix_match(name, prefixes[k])) return 1;
     return 0;
 }
 
@@ -15653,13 +15704,27 @@ static int64_t dtr__stage_offset(const dtr_model *m, int i) {
     return i < m->count ? m->offsets[i] : m->total + m->buf_offsets[i - m->count];
 }
 
-dtr_result dtr_model_load(dtr_model *m, const char *path) {
+dtr_load_config dtr_load_config_init(void) {
+    dtr_load_config c;
+    memset(&c, 0, sizeof c);
+    return c;
+}
+
+dtr_result dtr_model_load(dtr_model *m, const char *path) { return dtr_model_load_ex(m, path, NULL); }
+
+/* An entry the file lacks that cfg lets keep its values: those values staged at stage. */
+static dtr_result dtr__load_keep(dtr_model *m, int i, float *stage) {
+    dtr_tensor *t = dtr__file_tensor(m, i);
+    return m->ctx->backend->to_host(m->ctx, stage, t->storage, (size_t)dtr_tensor_numel(t) * sizeof(float));
+}
+
+dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_config *cfg) {
     dtr_context *ctx;
     dtr_st_file f;
     float *stage = NULL;
     char err[512], s1[96], s2[96];
     dtr_result r;
-    int i, j, d;
+    int i, j, d, loaded = 0;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     r = dtr_model_build(m);
@@ -15678,6 +15743,10 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         const char *name = dtr__file_tensor(m, i)->name;
         for (j = 0; j < f.count; j++)
             if (!strcmp(f.entries[j].name, name)) { e = &f.entries[j]; break; }
+        if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) {   /* keeps its values */
+            if ((r = dtr__load_keep(m, i, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
+            continue;
+        }
         if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name); goto done; }
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
@@ -15688,6 +15757,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
             goto done;
         }
         if ((r = dtr__load_param(m, i, e, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
+        loaded++;
         continue;
     shape: {
         dtr_tensor fs; /* the file's shape, for the message */
@@ -15698,6 +15768,10 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
                       name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
         goto done;
     }
+    }
+    if (!loaded && m->count + m->nbuf > 0) {
+        r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s holds none of the model's tensors", path);
+        goto done;
     }
     for (i = 0; i < m->count + m->nbuf; i++) {
         dtr_tensor *t = dtr__file_tensor(m, i);
@@ -15727,7 +15801,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15731 "dtrain.h"
+#line 15805 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15782,9 +15856,74 @@ dtr_result dtr_linear_layer_init(dtr_linear_layer *l, dtr_model *m, const char *
 }
 
 dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x) {
+    dtr_tensor *y;
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_linear_layer_forward: layer is NULL");
-    return dtr_linear(ctx, x, l->weight, l->bias);
+    y = dtr_linear(ctx, x, l->weight, l->bias);
+    if (!l->lora_a) return y;
+    return dtr_add(ctx, y, dtr_scale(ctx, dtr_linear(ctx, dtr_linear(ctx, x, l->lora_a, NULL), l->lora_b, NULL), l->lora_scale));
+}
+
+/* ---- LoRA adapters ---- */
+
+dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *l, dtr_model *m, int rank, float alpha) {
+    dtr_context *ctx;
+    const char *wn;
+    char base[256];
+    size_t n;
+    int64_t as[2], bs[2];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(m);
+    wn = l->weight ? dtr_tensor_name(l->weight) : NULL;
+    n = wn ? strlen(wn) : 0;
+    if (n <= 7 || strcmp(wn + n - 7, ".weight") != 0 || n - 7 >= sizeof base)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: the layer's weight is not '<name>.weight' "
+                                                    "(make the layer with dtr_linear_layer_init)");
+    if (rank < 1 || !(alpha > 0.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s': rank %d and alpha %g must be > 0", wn,
+                         rank, (double)alpha);
+    if (l->lora_a) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s' has an adapter already", wn);
+    memcpy(base, wn, n - 7);
+    base[n - 7] = '\0';
+    as[0] = rank, as[1] = l->in, bs[0] = l->out, bs[1] = rank;
+    l->lora_a = dtr__named_param(m, base, "lora_A.weight", 2, as, DTR_INIT_TORCH_DEFAULT, 0.0f);
+    l->lora_b = dtr__named_param(m, base, "lora_B.weight", 2, bs, DTR_INIT_ZEROS, 0.0f);
+    l->lora_scale = alpha / (float)rank;
+    if (!l->lora_a || !l->lora_b) l->lora_a = l->lora_b = NULL;
+    return dtr__layer_status(m);
+}
+
+/* W (out, in) += s B (out, r) A (r, in), each element's sum in double */
+static void dtr__lora_fold(float *w, const float *a, const float *b, int64_t out, int64_t in, int64_t r, double s) {
+    int64_t o, i, k;
+    for (o = 0; o < out; o++)
+        for (i = 0; i < in; i++) {
+            double acc = 0.0;
+            for (k = 0; k < r; k++) acc += (double)b[o * r + k] * a[k * in + i];
+            w[o * in + i] = (float)(w[o * in + i] + s * acc);
+        }
+}
+
+dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *l) {
+    dtr_context *ctx;
+    int64_t r, nw, na, nb;
+    float *w;
+    dtr_result rc;
+    if (!l || !l->weight) return DTR_NULL_HANDLE;
+    ctx = l->weight->ctx;
+    if (!l->lora_a || !l->lora_b)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_merge_lora: '%s' has no adapter", dtr_tensor_name(l->weight));
+    r = l->lora_a->shape[0], nw = l->out * l->in, na = r * l->in, nb = l->out * r;
+    w = (float *)dtr__malloc(&ctx->alloc, (size_t)(nw + na + nb) * sizeof(float));
+    if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_linear_layer_merge_lora: out of memory");
+    rc = dtr_tensor_read(l->weight, DTR_F32, w, (size_t)nw);
+    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_a, DTR_F32, w + nw, (size_t)na);
+    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
+    if (rc == DTR_OK) dtr__lora_fold(w, w + nw, w + nw + na, l->out, l->in, r, l->lora_scale);
+    if (rc == DTR_OK) rc = dtr_tensor_write(l->weight, DTR_F32, w, (size_t)nw);
+    if (rc == DTR_OK) memset(w + nw + na, 0, (size_t)nb * sizeof(float)), rc = dtr_tensor_write(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
+    dtr__free(&ctx->alloc, w);
+    return rc;
 }
 
 /* ---- convolution ---- */
@@ -16119,7 +16258,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16123 "dtrain.h"
+#line 16262 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16395,7 +16534,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16399 "dtrain.h"
+#line 16538 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16632,7 +16771,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16636 "dtrain.h"
+#line 16775 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16887,7 +17026,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16891 "dtrain.h"
+#line 17030 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17560,7 +17699,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17564 "dtrain.h"
+#line 17703 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17698,7 +17837,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17702 "dtrain.h"
+#line 17841 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18045,7 +18184,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18049 "dtrain.h"
+#line 18188 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18111,7 +18250,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18115 "dtrain.h"
+#line 18254 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18348,7 +18487,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18352 "dtrain.h"
+#line 18491 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19097,7 +19236,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19101 "dtrain.h"
+#line 19240 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19550,7 +19689,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19554 "dtrain.h"
+#line 19693 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19606,7 +19745,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19610 "dtrain.h"
+#line 19749 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20448,7 +20587,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20452 "dtrain.h"
+#line 20591 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21029,7 +21168,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21033 "dtrain.h"
+#line 21172 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21660,7 +21799,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21664 "dtrain.h"
+#line 21803 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22456,7 +22595,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22460 "dtrain.h"
+#line 22599 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22809,7 +22948,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22813 "dtrain.h"
+#line 22952 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -22999,7 +23138,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23003 "dtrain.h"
+#line 23142 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23180,7 +23319,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23184 "dtrain.h"
+#line 23323 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -23955,7 +24094,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 23959 "dtrain.h"
+#line 24098 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24472,7 +24611,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24476 "dtrain.h"
+#line 24615 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25267,7 +25406,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25271 "dtrain.h"
+#line 25410 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26515,7 +26654,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26519 "dtrain.h"
+#line 26658 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27137,7 +27276,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27141 "dtrain.h"
+#line 27280 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27638,7 +27777,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27642 "dtrain.h"
+#line 27781 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28368,7 +28507,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28372 "dtrain.h"
+#line 28511 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28604,7 +28743,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28608 "dtrain.h"
+#line 28747 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28733,7 +28872,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28737 "dtrain.h"
+#line 28876 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29170,7 +29309,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29174 "dtrain.h"
+#line 29313 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29663,7 +29802,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29667 "dtrain.h"
+#line 29806 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30212,7 +30351,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30216 "dtrain.h"
+#line 30355 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30718,7 +30857,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30722 "dtrain.h"
+#line 30861 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -31717,14 +31856,17 @@ static int dtr__ps_ready(const dtr_ps *ps, int w) {
 }
 
 /* the reply to worker p's pull (sealed; *n bytes): the shared copy of the range at this clock
-   (made when none is in flight at an older one), or p's own */
+   (made when none is in flight at an older one; sealed once, as sends of it to other workers
+   may be reading it), or p's own */
 static const uint8_t *dtr__ps_reply(dtr_ps *ps, dtr__ps_peer *p, size_t *n) {
     int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
     dtr__ps_hdr h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
     uint8_t *buf = ps->snap_clock == ps->clock || ps->snap_users == 0 ? ps->snap : p->out;
-    if (buf != ps->snap || ps->snap_clock != ps->clock)
+    *n = dtr__ps_message_bytes(&h);
+    if (buf != ps->snap || ps->snap_clock != ps->clock) {
         memcpy(buf + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
-    *n = dtr__ps_seal(buf, &h);
+        dtr__ps_seal(buf, &h);
+    }
     if (buf == ps->snap) ps->snap_clock = ps->clock, ps->snap_users++, p->snap_out = 1;
     return buf;
 }
@@ -32267,7 +32409,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32271 "dtrain.h"
+#line 32413 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32321,7 +32463,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32325 "dtrain.h"
+#line 32467 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33511,7 +33653,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33515 "dtrain.h"
+#line 33657 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34414,7 +34556,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34418 "dtrain.h"
+#line 34560 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -35892,7 +36034,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 35896 "dtrain.h"
+#line 36038 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36285,7 +36427,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36289 "dtrain.h"
+#line 36431 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36434,7 +36576,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36438 "dtrain.h"
+#line 36580 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

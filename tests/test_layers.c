@@ -38,6 +38,12 @@
  *   test_model_lerp       dtr_model_lerp: parameters and buffers become (1 - tau) t + tau s with
  *                         PyTorch's roundings; tau 0 leaves, tau 1 copies; another layout (naming
  *                         the parameter), another context, a bad tau: errors.
+ *   test_lora             a LoRA adapter on a linear layer: PEFT's names and shapes, the base
+ *                         layer's output bits at init, only "*lora_" trainable (the base keeps
+ *                         its bits, AdamW holds moments for the adapter alone), the trained
+ *                         output against x W^T + b + s (x A^T) B^T in double, merging (the same
+ *                         output, B zero), a base file loaded with "*lora_" optional (without:
+ *                         DTR_NOT_FOUND), and the errors.
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -973,6 +979,141 @@ static void check_conv_errors(dtr_context *ctx, dtr_model *m) {
     dtr_context_clear_error(ctx);
 }
 
+/* ---- LoRA ---- */
+
+enum { LR_B = 4, LR_IN = 6, LR_OUT = 5, LR_R = 2 };
+
+typedef struct lora_net { dtr_model *m; dtr_linear_layer fc; } lora_net;
+
+static void lora_make(dtr_context *ctx, lora_net *n, int adapter) {
+    memset(n, 0, sizeof *n);
+    CHECK_OK(ctx, dtr_model_create(ctx, 5, &n->m));
+    CHECK_OK(ctx, dtr_linear_layer_init(&n->fc, n->m, "fc", LR_IN, LR_OUT, 1, DTR_INIT_TORCH_DEFAULT));
+    if (adapter) CHECK_OK(ctx, dtr_linear_layer_add_lora(&n->fc, n->m, LR_R, 4.0f));
+    CHECK_OK(ctx, dtr_model_build(n->m));
+}
+
+/* the layer's output for x (LR_B, LR_IN) into y */
+static void lora_out(dtr_context *ctx, const lora_net *n, const float *x, float *y) {
+    int64_t xs[2] = {LR_B, LR_IN};
+    dtr_tensor *t = dtr_linear_layer_forward(ctx, &n->fc, dtr_tensor_from(ctx, DTR_F32, 2, xs, (void *)x));
+    CHECK(t && dtr_tensor_read(t, DTR_F32, y, LR_B * LR_OUT) == DTR_OK);
+    dtr_context_reset(ctx);
+}
+
+/* x W^T + b + s (x A^T) B^T in double, from the layer's tensors */
+static double lora_gap(const lora_net *n, const float *x, const float *y) {
+    float w[LR_OUT * LR_IN], b[LR_OUT], a[LR_R * LR_IN], bb[LR_OUT * LR_R];
+    double worst = 0.0;
+    int i, o, k, j;
+    dtr_tensor_read(n->fc.weight, DTR_F32, w, LR_OUT * LR_IN), dtr_tensor_read(n->fc.bias, DTR_F32, b, LR_OUT);
+    dtr_tensor_read(n->fc.lora_a, DTR_F32, a, LR_R * LR_IN), dtr_tensor_read(n->fc.lora_b, DTR_F32, bb, LR_OUT * LR_R);
+    for (i = 0; i < LR_B; i++)
+        for (o = 0; o < LR_OUT; o++) {
+            double base = b[o], low = 0.0;
+            for (j = 0; j < LR_IN; j++) base += (double)x[i * LR_IN + j] * w[o * LR_IN + j];
+            for (k = 0; k < LR_R; k++) {
+                double xa = 0.0;
+                for (j = 0; j < LR_IN; j++) xa += (double)x[i * LR_IN + j] * a[k * LR_IN + j];
+                low += xa * bb[o * LR_R + k];
+            }
+            worst = fmax(worst, fabs(y[i * LR_OUT + o] - (base + 2.0 * low)));   /* s = alpha / rank = 2 */
+        }
+    return worst;
+}
+
+/* a few AdamW steps of the adapter alone toward a target: the base's bits stay, the loss falls */
+static void lora_train(dtr_context *ctx, lora_net *n, const float *x, const float *w0) {
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.05f);
+    dtr_optimizer *o = NULL;
+    const char *ad[1] = {"*lora_"};
+    float target[LR_B * LR_OUT], w[LR_OUT * LR_IN], first = 0.0f, last = 0.0f;
+    int64_t xs[2] = {LR_B, LR_IN}, ys[2] = {LR_B, LR_OUT};
+    int t, i;
+    for (i = 0; i < LR_B * LR_OUT; i++) target[i] = (float)sin(0.7 * i);
+    CHECK_OK(ctx, dtr_model_set_trainable(n->m, NULL, 0, 0));
+    CHECK_OK(ctx, dtr_model_set_trainable(n->m, ad, 1, 1));
+    CHECK(!dtr_model_param_trainable(n->m, 0) && !dtr_model_param_trainable(n->m, 1));
+    CHECK(dtr_model_param_trainable(n->m, 2) && dtr_model_param_trainable(n->m, 3));
+    CHECK_OK(ctx, dtr_optimizer_create(n->m, &oc, &o));
+    CHECK_EQ_INT(test_moment_bytes(o), 2 * (16 + 16) * sizeof(float));   /* A and B, each padded to 16 floats */
+    for (t = 0; t < 60; t++) {
+        dtr_tensor *y = dtr_linear_layer_forward(ctx, &n->fc, dtr_tensor_from(ctx, DTR_F32, 2, xs, (void *)x));
+        dtr_tensor *l = dtr_mse(ctx, y, dtr_tensor_from(ctx, DTR_F32, 2, ys, target));
+        CHECK_OK(ctx, dtr_backward(ctx, l));
+        if (t == 0) first = dtr_tensor_get(l, 0);
+        last = dtr_tensor_get(l, 0);
+        CHECK_OK(ctx, dtr_optimizer_step(o, NULL));
+        dtr_context_reset(ctx);
+    }
+    dtr_tensor_read(n->fc.weight, DTR_F32, w, LR_OUT * LR_IN);
+    CHECK(memcmp(w, w0, sizeof w) == 0);
+    CHECK_MSG(last < 0.5f * first, "adapter training: loss %.4f -> %.4f", (double)first, (double)last);
+    dtr_optimizer_destroy(o);
+}
+
+static void test_lora(void) {
+    dtr_context *ctx = test_ctx(1);
+    lora_net n, base;
+    float x[LR_B * LR_IN], y0[LR_B * LR_OUT], y[LR_B * LR_OUT], ym[LR_B * LR_OUT], w0[LR_OUT * LR_IN], bz[LR_OUT * LR_R];
+    const char *opt[1] = {"*lora_"}, *all[1] = {"*"};
+    dtr_load_config lc = dtr_load_config_init();
+    char path[256];
+    int i;
+    for (i = 0; i < LR_B * LR_IN; i++) x[i] = (float)cos(0.37 * i);
+    lora_make(ctx, &n, 1);
+    lora_make(ctx, &base, 0);
+    CHECK(dtr_model_find(n.m, "fc.lora_A.weight") == n.fc.lora_a && dtr_model_find(n.m, "fc.lora_B.weight") == n.fc.lora_b);
+    CHECK(dtr_tensor_dim(n.fc.lora_a, 0) == LR_R && dtr_tensor_dim(n.fc.lora_a, 1) == LR_IN);
+    CHECK(dtr_tensor_dim(n.fc.lora_b, 0) == LR_OUT && dtr_tensor_dim(n.fc.lora_b, 1) == LR_R);
+    lora_out(ctx, &n, x, y);   /* B = 0: the base layer's output (the same weights: declared first) */
+    lora_out(ctx, &base, x, y0);
+    CHECK(memcmp(y, y0, sizeof y) == 0);
+    dtr_tensor_read(n.fc.weight, DTR_F32, w0, LR_OUT * LR_IN);
+    lora_train(ctx, &n, x, w0);
+    lora_out(ctx, &n, x, y);
+    CHECK_MSG(lora_gap(&n, x, y) < 1e-5, "LoRA forward: %.3g from the double reference", lora_gap(&n, x, y));
+    CHECK_OK(ctx, dtr_linear_layer_merge_lora(&n.fc));
+    lora_out(ctx, &n, x, ym);
+    CHECK_MSG(test_rel_gap(ym, y, LR_B * LR_OUT) < 1e-5, "merged: %.3g", test_rel_gap(ym, y, LR_B * LR_OUT));
+    memset(bz, 0, sizeof bz);
+    CHECK(memcmp(dtr_tensor_data(n.fc.lora_b), bz, sizeof bz) == 0);
+    /* a base file (no adapter) into the model with one: only with the adapter optional */
+    tmp_path("dtr_lora", "base.safetensors", path, sizeof path);
+    CHECK_OK(ctx, dtr_model_save(base.m, path, DTR_F32));
+    CHECK(dtr_model_load(n.m, path) == DTR_NOT_FOUND && strstr(dtr_context_last_error(ctx), "lora_A"));
+    dtr_context_clear_error(ctx);
+    lc.optional = opt, lc.n_optional = 1;
+    CHECK_OK(ctx, dtr_model_load_ex(n.m, path, &lc));
+    lora_out(ctx, &n, x, y);   /* the base's weights, B still zero */
+    CHECK(memcmp(y, y0, sizeof y) == 0);
+    remove(path);
+    /* errors */
+    CHECK(dtr_linear_layer_add_lora(&n.fc, n.m, 2, 4.0f) == DTR_INVALID_ARGUMENT);   /* one there already */
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_linear_layer_add_lora(&base.fc, base.m, 0, 4.0f) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_linear_layer_add_lora(&base.fc, base.m, 2, 4.0f) == DTR_BAD_STATE && !base.fc.lora_a);   /* built */
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_linear_layer_merge_lora(&base.fc) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    lc.optional = all;   /* a file with none of the model's tensors */
+    tmp_path("dtr_lora", "other.safetensors", path, sizeof path);
+    {
+        dtr_model *om = NULL;
+        dtr_linear_layer ol;
+        CHECK_OK(ctx, dtr_model_create(ctx, 1, &om));
+        CHECK_OK(ctx, dtr_linear_layer_init(&ol, om, "head", 3, 2, 0, DTR_INIT_ZEROS));
+        CHECK_OK(ctx, dtr_model_save(om, path, DTR_F32));
+        CHECK(dtr_model_load_ex(n.m, path, &lc) == DTR_NOT_FOUND && strstr(dtr_context_last_error(ctx), "none of"));
+        dtr_context_clear_error(ctx);
+        dtr_model_destroy(om);
+    }
+    remove(path);
+    dtr_model_destroy(n.m), dtr_model_destroy(base.m);
+    dtr_context_destroy(ctx);
+}
+
 static void test_layer_errors(void) {
     dtr_context *ctx = test_ctx(1);
     dtr_model *m;
@@ -1023,6 +1164,7 @@ int main(void) {
     RUN(test_buffers);
     RUN(test_conv_torch);
     RUN(test_model_lerp);
+    RUN(test_lora);
     RUN(test_layer_errors);
     return test_summary();
 }

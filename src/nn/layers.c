@@ -49,9 +49,74 @@ dtr_result dtr_linear_layer_init(dtr_linear_layer *l, dtr_model *m, const char *
 }
 
 dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x) {
+    dtr_tensor *y;
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_linear_layer_forward: layer is NULL");
-    return dtr_linear(ctx, x, l->weight, l->bias);
+    y = dtr_linear(ctx, x, l->weight, l->bias);
+    if (!l->lora_a) return y;
+    return dtr_add(ctx, y, dtr_scale(ctx, dtr_linear(ctx, dtr_linear(ctx, x, l->lora_a, NULL), l->lora_b, NULL), l->lora_scale));
+}
+
+/* ---- LoRA adapters ---- */
+
+dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *l, dtr_model *m, int rank, float alpha) {
+    dtr_context *ctx;
+    const char *wn;
+    char base[256];
+    size_t n;
+    int64_t as[2], bs[2];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(m);
+    wn = l->weight ? dtr_tensor_name(l->weight) : NULL;
+    n = wn ? strlen(wn) : 0;
+    if (n <= 7 || strcmp(wn + n - 7, ".weight") != 0 || n - 7 >= sizeof base)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: the layer's weight is not '<name>.weight' "
+                                                    "(make the layer with dtr_linear_layer_init)");
+    if (rank < 1 || !(alpha > 0.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s': rank %d and alpha %g must be > 0", wn,
+                         rank, (double)alpha);
+    if (l->lora_a) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s' has an adapter already", wn);
+    memcpy(base, wn, n - 7);
+    base[n - 7] = '\0';
+    as[0] = rank, as[1] = l->in, bs[0] = l->out, bs[1] = rank;
+    l->lora_a = dtr__named_param(m, base, "lora_A.weight", 2, as, DTR_INIT_TORCH_DEFAULT, 0.0f);
+    l->lora_b = dtr__named_param(m, base, "lora_B.weight", 2, bs, DTR_INIT_ZEROS, 0.0f);
+    l->lora_scale = alpha / (float)rank;
+    if (!l->lora_a || !l->lora_b) l->lora_a = l->lora_b = NULL;
+    return dtr__layer_status(m);
+}
+
+/* W (out, in) += s B (out, r) A (r, in), each element's sum in double */
+static void dtr__lora_fold(float *w, const float *a, const float *b, int64_t out, int64_t in, int64_t r, double s) {
+    int64_t o, i, k;
+    for (o = 0; o < out; o++)
+        for (i = 0; i < in; i++) {
+            double acc = 0.0;
+            for (k = 0; k < r; k++) acc += (double)b[o * r + k] * a[k * in + i];
+            w[o * in + i] = (float)(w[o * in + i] + s * acc);
+        }
+}
+
+dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *l) {
+    dtr_context *ctx;
+    int64_t r, nw, na, nb;
+    float *w;
+    dtr_result rc;
+    if (!l || !l->weight) return DTR_NULL_HANDLE;
+    ctx = l->weight->ctx;
+    if (!l->lora_a || !l->lora_b)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_merge_lora: '%s' has no adapter", dtr_tensor_name(l->weight));
+    r = l->lora_a->shape[0], nw = l->out * l->in, na = r * l->in, nb = l->out * r;
+    w = (float *)dtr__malloc(&ctx->alloc, (size_t)(nw + na + nb) * sizeof(float));
+    if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_linear_layer_merge_lora: out of memory");
+    rc = dtr_tensor_read(l->weight, DTR_F32, w, (size_t)nw);
+    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_a, DTR_F32, w + nw, (size_t)na);
+    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
+    if (rc == DTR_OK) dtr__lora_fold(w, w + nw, w + nw + na, l->out, l->in, r, l->lora_scale);
+    if (rc == DTR_OK) rc = dtr_tensor_write(l->weight, DTR_F32, w, (size_t)nw);
+    if (rc == DTR_OK) memset(w + nw + na, 0, (size_t)nb * sizeof(float)), rc = dtr_tensor_write(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
+    dtr__free(&ctx->alloc, w);
+    return rc;
 }
 
 /* ---- convolution ---- */

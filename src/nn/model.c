@@ -353,10 +353,21 @@ dtr_result dtr_model_build(dtr_model *m) {
 
 /* ---- keeping a part of a model (a pipeline stage) ---- */
 
+/* 1 when name starts with pattern, a '*' of which matches any run of characters (none too) */
+static int dtr__prefix_match(const char *name, const char *pat) {
+    for (; *pat && *pat != '*'; pat++, name++)
+        if (*name != *pat) return 0;
+    if (!*pat) return 1;
+    for (pat++;; name++) {   /* the rest of the pattern from each position on */
+        if (dtr__prefix_match(name, pat)) return 1;
+        if (!*name) return 0;
+    }
+}
+
 static int dtr__has_prefix(const char *name, const char *const *prefixes, int n) {
     int k;
     for (k = 0; k < n; k++)
-        if (prefixes[k] && !strncmp(name, prefixes[k], strlen(prefixes[k]))) return 1;
+        if (prefixes[k] && dtr__prefix_match(name, prefixes[k])) return 1;
     return 0;
 }
 
@@ -701,13 +712,27 @@ static int64_t dtr__stage_offset(const dtr_model *m, int i) {
     return i < m->count ? m->offsets[i] : m->total + m->buf_offsets[i - m->count];
 }
 
-dtr_result dtr_model_load(dtr_model *m, const char *path) {
+dtr_load_config dtr_load_config_init(void) {
+    dtr_load_config c;
+    memset(&c, 0, sizeof c);
+    return c;
+}
+
+dtr_result dtr_model_load(dtr_model *m, const char *path) { return dtr_model_load_ex(m, path, NULL); }
+
+/* An entry the file lacks that cfg lets keep its values: those values staged at stage. */
+static dtr_result dtr__load_keep(dtr_model *m, int i, float *stage) {
+    dtr_tensor *t = dtr__file_tensor(m, i);
+    return m->ctx->backend->to_host(m->ctx, stage, t->storage, (size_t)dtr_tensor_numel(t) * sizeof(float));
+}
+
+dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_config *cfg) {
     dtr_context *ctx;
     dtr_st_file f;
     float *stage = NULL;
     char err[512], s1[96], s2[96];
     dtr_result r;
-    int i, j, d;
+    int i, j, d, loaded = 0;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     r = dtr_model_build(m);
@@ -726,6 +751,10 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         const char *name = dtr__file_tensor(m, i)->name;
         for (j = 0; j < f.count; j++)
             if (!strcmp(f.entries[j].name, name)) { e = &f.entries[j]; break; }
+        if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) {   /* keeps its values */
+            if ((r = dtr__load_keep(m, i, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
+            continue;
+        }
         if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name); goto done; }
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
@@ -736,6 +765,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
             goto done;
         }
         if ((r = dtr__load_param(m, i, e, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
+        loaded++;
         continue;
     shape: {
         dtr_tensor fs; /* the file's shape, for the message */
@@ -746,6 +776,10 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
                       name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
         goto done;
     }
+    }
+    if (!loaded && m->count + m->nbuf > 0) {
+        r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s holds none of the model's tensors", path);
+        goto done;
     }
     for (i = 0; i < m->count + m->nbuf; i++) {
         dtr_tensor *t = dtr__file_tensor(m, i);

@@ -943,7 +943,8 @@ DTR_API dtr_tensor *dtr_model_buffer(dtr_model *m, const char *name, int ndim, c
 DTR_API int dtr_model_buffer_count(const dtr_model *m);
 DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
 /** Keeps only the parameters whose names start with one of the n `prefixes` (for example the
- *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}); call it after declaring the
+ *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}; a '*' in a prefix matches any run
+ *  of characters, as in dtr_model_set_trainable); call it after declaring the
  *  whole model and before dtr_model_build. Kept parameters start from the values they would
  *  have in the whole model (each parameter's initialiser stream is its declaration number),
  *  so a split model and the whole one train from the same weights. A parameter left out
@@ -954,7 +955,8 @@ DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
 DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n);
 /** Freezes (trainable 0) or unfreezes (1) the parameters whose names start with one of the n
  *  `prefixes` (n 0: every parameter): fine-tuning a loaded model's last layers, or training an
- *  adapter beside frozen weights. A frozen parameter gets no gradient (backward skips its
+ *  adapter beside frozen weights. A '*' in a prefix matches any run of characters: "h.*.attn."
+ *  is every block's attention, "*lora_" every LoRA adapter (dtr_linear_layer_add_lora). A frozen parameter gets no gradient (backward skips its
  *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
  *  optimizers leave its values alone, weight decay included, and keep no state for it (Adam's
  *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
@@ -1025,8 +1027,13 @@ DTR_API dtr_result dtr_model_zero_grad(dtr_model *m);
 /** The context the model lives on. */
 DTR_API dtr_context *dtr_model_context(const dtr_model *m);
 
-/** Fully connected layer: weight (out, in), optional bias (out). */
-typedef struct dtr_linear_layer { dtr_tensor *weight, *bias; int64_t in, out; } dtr_linear_layer;
+/** Fully connected layer: weight (out, in), optional bias (out), optional LoRA adapter. */
+typedef struct dtr_linear_layer {
+    dtr_tensor *weight, *bias;
+    int64_t in, out;
+    dtr_tensor *lora_a, *lora_b;   /**< a LoRA adapter (dtr_linear_layer_add_lora): A (rank, in), B (out, rank); or NULL */
+    float lora_scale;              /**< alpha / rank */
+} dtr_linear_layer;
 /** 2-D convolution layer: weight (out, in / groups, kh, kw), bias (out) or NULL; forward
  *  convolves with `conv` (the geometry given to init; fields other than groups may change
  *  after init). A transposed one (dtr_conv_transpose2d_layer_init): weight
@@ -1178,6 +1185,24 @@ DTR_API dtr_result dtr_llama_block_init(dtr_llama_block *block, dtr_model *m, co
  *  DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
 DTR_API dtr_result dtr_lstm_layer_init(dtr_lstm_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
 DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
+/** Adds a LoRA adapter (Hu et al. 2021; Hugging Face PEFT's names and initialisation) to a
+ *  linear layer of model m, before dtr_model_build: parameters "<name>.lora_A.weight"
+ *  (rank, in), U(-1/sqrt(in), 1/sqrt(in)), and "<name>.lora_B.weight" (out, rank), zeros. The
+ *  layer's forward then adds (alpha / rank) (x A^T) B^T to x W^T + b: the same output until B
+ *  trains. Every linear of the attention layer and of the GPT and Llama blocks takes one
+ *  (block.attn.qkv, block.q, ...). To train the adapters only: dtr_model_set_trainable(m, NULL,
+ *  0, 0), then (const char *[]){"*lora_"} trainable; the optimizer keeps state for them alone.
+ *  Load a pretrained base with dtr_model_load_ex and optional {"*lora_"}.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (rank < 1, alpha <= 0, a layer not made
+ *          by dtr_linear_layer_init, an adapter there already), DTR_BAD_STATE (model built).
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *layer, dtr_model *m, int rank, float alpha);
+/** Folds the layer's adapter into its weight, W += (alpha / rank) B A (accumulated in double),
+ *  and sets B to zero: the layer's output stays (up to f32 rounding), and a file saved now holds
+ *  the merged weight for a model without adapters (dtr_model_load skips the adapters' entries).
+ *  Training on starts a fresh adapter from the merged weight. @return DTR_OK, DTR_NULL_HANDLE,
+ *  DTR_INVALID_ARGUMENT (no adapter), DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *layer);
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
@@ -1354,6 +1379,21 @@ DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
  *  tensor-parallel shard reads the full tensor (single-device shape) and keeps its slice.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
+/** dtr_model_load's settings (dtr_load_config_init: none). `optional`: n_optional name
+ *  prefixes (with '*' as in dtr_model_set_trainable) of parameters and buffers the file may
+ *  lack: those keep their values. A pretrained base into a model with LoRA adapters:
+ *  {"*lora_"}; an adapter file into it: {"*"} (every tensor of the model the file has is
+ *  loaded). */
+typedef struct dtr_load_config {
+    const char *const *optional;
+    int n_optional;
+} dtr_load_config;
+/** A dtr_load_config with no optional tensors (what dtr_model_load uses). */
+DTR_API dtr_load_config dtr_load_config_init(void);
+/** dtr_model_load with settings (NULL: dtr_model_load's). A file that holds none of the
+ *  model's tensors is DTR_NOT_FOUND even when every one is optional (a wrong file). Errors and
+ *  thread safety as dtr_model_load's. */
+DTR_API dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_config *cfg);
 
 /* ---- safetensors, low level ---- */
 
