@@ -11,7 +11,11 @@
  * 12 L T C per token, as llm.c counts). Random data: throughput, not learning.
  * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N]
  *            [--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads]
- *            [--release-activations] [--graph] [--bf16-act]
+ *            [--release-activations] [--graph] [--bf16-act] [--lora R]
+ * --lora R: fine-tuning with LoRA adapters of rank R (alpha 2R) on the attention's input
+ * projections (GPT: qkv; Llama: q and v, PEFT's defaults) and everything else frozen, beside
+ * gpu_torch.py --lora R (the same adapters on PyTorch modules); optimizer_state_mb: AdamW's
+ * moments.
  * --bf16: the matrix products on bf16 tensor cores (matmul_precision DTR_MATMUL_BF16; tensors
  * stay f32), beside PyTorch's torch.autocast(bfloat16) in gpu_torch.py --bf16.
  * --bf16-act: the ops' outputs stored in bf16 (activation_dtype DTR_BF16: half the activation
@@ -167,6 +171,34 @@ static int g_retain;          /* --retain-grads: dtr_context_config.retain_grads
 static int g_release;         /* --release-activations: dtr_context_config.release_activations */
 static int g_graph;           /* --graph: forward and backward captured once (dtr_graph), then launched */
 static int g_bf16_act;        /* --bf16-act: dtr_context_config.activation_dtype DTR_BF16 */
+static int g_lora;            /* --lora R: LoRA adapters of rank R (alpha 2R) on the attention's input projections
+                                 (GPT: qkv; Llama: q and v, PEFT's defaults), everything else frozen */
+
+/* --lora: the adapters (before the build), then everything but them frozen (after it) */
+static dtr_result net_lora(net *n, const bench_model *b, int built) {
+    const char *ad[1] = {"*lora_"};
+    dtr_result r = DTR_OK;
+    int i;
+    if (built) {
+        r = dtr_model_set_trainable(n->m, NULL, 0, 0);
+        return r == DTR_OK ? dtr_model_set_trainable(n->m, ad, 1, 1) : r;
+    }
+    for (i = 0; r == DTR_OK && i < b->layers; i++) {
+        if (b->kind == 2) r = dtr_linear_layer_add_lora(&n->h[i].attn.qkv, n->m, g_lora, 2.0f * (float)g_lora);
+        if (b->kind == 3) r = dtr_linear_layer_add_lora(&n->lh[i].q, n->m, g_lora, 2.0f * (float)g_lora);
+        if (b->kind == 3 && r == DTR_OK) r = dtr_linear_layer_add_lora(&n->lh[i].v, n->m, g_lora, 2.0f * (float)g_lora);
+    }
+    return r;
+}
+
+/* the optimizer's moment bytes (its state entries 3 and on) */
+static double state_mb(dtr_optimizer *o) {
+    dtr_state_entry e;
+    double b = 0.0;
+    int i;
+    for (i = 3; dtr_optimizer_state(o, i, &e) == DTR_OK; i++) b += (double)e.bytes;
+    return b / 1048576.0;
+}
 
 static int run_model(const bench_model *b, const dtr_backend *backend, const char *bname, int steps, int warmup,
                      double peak_tflops, int threads) {
@@ -204,7 +236,8 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         pos[i] = (int32_t)(b->kind == 2 ? i % b->context : 0);
     }
     if (dtr_context_create(&cc, &ctx) != DTR_OK || dtr_model_create(ctx, 1, &n.m) != DTR_OK || net_init(&n, b) != DTR_OK ||
-        dtr_model_build(n.m) != DTR_OK || dtr_optimizer_create(n.m, &oc, &opt) != DTR_OK) {
+        (g_lora && is_lm(b) && net_lora(&n, b, 0) != DTR_OK) || dtr_model_build(n.m) != DTR_OK ||
+        (g_lora && is_lm(b) && net_lora(&n, b, 1) != DTR_OK) || dtr_optimizer_create(n.m, &oc, &opt) != DTR_OK) {
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"error\":\"%s\"}\n", bname, b->name,
                ctx ? dtr_context_last_error(ctx) : "context");
         ok = 0;
@@ -252,10 +285,10 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         if (is_lm(b)) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
                "\"tf32\":%d,\"bf16\":%d,\"bf16_act\":%d,\"graph\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
-               "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f}\n",
+               "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f,\"lora\":%d,\"optimizer_state_mb\":%.2f}\n",
                bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_bf16_act, g_graph, g_retain, g_release, per * 1e3, best * 1e3, is_lm(b) ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
-               (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0);
+               (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0, is_lm(b) ? g_lora : 0, state_mb(opt));
     }
     dtr_metrics_destroy(met);
     dtr_graph_destroy(graph);
@@ -288,9 +321,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--release-activations")) g_release = 1;
         else if (!strcmp(argv[i], "--graph")) g_graph = 1;
         else if (!strcmp(argv[i], "--bf16-act")) g_bf16_act = 1;
+        else if (!strcmp(argv[i], "--lora") && i + 1 < argc) g_lora = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N] "
-                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph] [--bf16-act]\n");
+                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph] [--bf16-act] [--lora R]\n");
             return 2;
         }
     }

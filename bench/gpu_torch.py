@@ -7,8 +7,10 @@ off unless --tf32, as dtrain's FP32 GEMMs; --bf16 runs forward and loss under
 torch.autocast(bfloat16) (dtrain's --bf16 rounds only the matrix products' operands). Needs
 torch with CUDA, or --backend cpu (bench/gpu --backend cpu's peer; --threads N as its threads);
 prints a skipped line otherwise.
+--lora R: LoRA adapters of rank R (alpha 2R; PEFT's initialisation) on the attention's input
+projections (GPT: qkv; Llama: q and v), everything else frozen (requires_grad False).
 Usage: gpu_torch.py [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N]
-                    [--peak-tflops F] [--threads N] [--tf32] [--bf16] [--no-compile]"""
+                    [--peak-tflops F] [--threads N] [--tf32] [--bf16] [--no-compile] [--lora R]"""
 import argparse
 import json
 import math
@@ -107,12 +109,38 @@ def build(torch, spec):
     return Llama(spec) if spec["kind"] == 3 else GPT(spec)
 
 
+def add_lora(torch, model, spec, r):
+    """LoRA (x A^T B^T scaled by alpha / r, B zero) on GPT's qkv or Llama's q and v; the rest frozen."""
+    nn = torch.nn
+
+    class LoRA(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base, self.s = base, 2.0
+            self.A = nn.Parameter(torch.empty(r, base.in_features))
+            self.B = nn.Parameter(torch.zeros(base.out_features, r))
+            nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.A.t() @ self.B.t()) * self.s
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for b in (model.h if spec["kind"] == 2 else model.layers):
+        for attr in (["qkv"] if spec["kind"] == 2 else ["q", "v"]):
+            setattr(b, attr, LoRA(getattr(b, attr)))
+
+
 def run(torch, name, spec, args, compile_):
     dev = args.backend
     torch.manual_seed(1)
-    model = build(torch, spec).to(dev)
+    model = build(torch, spec)
+    lora = args.lora if spec["kind"] >= 2 else 0
+    if lora:
+        add_lora(torch, model, spec, lora)
+    model = model.to(dev)
     fwd = torch.compile(model) if compile_ else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     B = spec["batch"]
     if spec["kind"] >= 2:
         x = torch.randint(0, spec["vocab"], (B, spec["context"]), device=dev)
@@ -144,7 +172,9 @@ def run(torch, name, spec, args, compile_):
             "threads": torch.get_num_threads(), "model": name, "params": params, "batch": B, "tf32": int(args.tf32), "bf16": int(args.bf16), "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
             ("tokens_per_s" if spec["kind"] >= 2 else "samples_per_s"): round(items / per, 1),
             "mfu": round(flops * items / per / (args.peak_tflops * 1e12), 4) if flops else 0.0,
-            "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev == "cuda" else 0.0}
+            "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev == "cuda" else 0.0, "lora": lora,
+            "optimizer_state_mb": round(sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                                            if torch.is_tensor(t) and t.dim() > 0) / 2**20, 2)}
     print(json.dumps(line), flush=True)
     del model, opt, fwd
     if dev == "cuda":
@@ -163,6 +193,7 @@ def main():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--lora", type=int, default=0)
     args = p.parse_args()
     try:
         import torch

@@ -54,7 +54,8 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_linear_layer_forward: layer is NULL");
     y = dtr_linear(ctx, x, l->weight, l->bias);
     if (!l->lora_a) return y;
-    return dtr_add(ctx, y, dtr_scale(ctx, dtr_linear(ctx, dtr_linear(ctx, x, l->lora_a, NULL), l->lora_b, NULL), l->lora_scale));
+    /* the scale on the rank-wide product, not on the layer-wide one: one activation less of the layer's width */
+    return dtr_add(ctx, y, dtr_linear(ctx, dtr_scale(ctx, dtr_linear(ctx, x, l->lora_a, NULL), l->lora_scale), l->lora_b, NULL));
 }
 
 /* ---- LoRA adapters ---- */

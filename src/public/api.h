@@ -1188,7 +1188,7 @@ DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const 
 /** Adds a LoRA adapter (Hu et al. 2021; Hugging Face PEFT's names and initialisation) to a
  *  linear layer of model m, before dtr_model_build: parameters "<name>.lora_A.weight"
  *  (rank, in), U(-1/sqrt(in), 1/sqrt(in)), and "<name>.lora_B.weight" (out, rank), zeros. The
- *  layer's forward then adds (alpha / rank) (x A^T) B^T to x W^T + b: the same output until B
+ *  layer's forward then adds ((alpha / rank) x A^T) B^T to x W^T + b: the same output until B
  *  trains. Every linear of the attention layer and of the GPT and Llama blocks takes one
  *  (block.attn.qkv, block.q, ...). To train the adapters only: dtr_model_set_trainable(m, NULL,
  *  0, 0), then (const char *[]){"*lora_"} trainable; the optimizer keeps state for them alone.
