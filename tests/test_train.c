@@ -38,6 +38,11 @@
  *                        epochs (0.57 measured; the noise floor about 0.46).
  *   test_mlp_fmnist_bf16 the MLP, 1 epoch on 30000 images (10000 quick), with f32 and with bf16
  *                        activations: bf16 within a point of f32's test accuracy.
+ *   test_finetune_lora   examples/finetune_lora.h: the MLP trained 300 steps scores < 0.2 on the
+ *                        negatives of the test images; rank-8 adapters alone (12496 of 247642
+ *                        parameters, AdamW's moments 2 x 4 x 12496 bytes) trained 300 steps on
+ *                        negatives reach >= 0.70 (0.776 measured); merged into a plain MLP, the
+ *                        same accuracy within 0.002.
  *
  * The networks, the data loading and the training loop are those of examples/common.h.
  * Data: $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. When the data set is missing
@@ -47,6 +52,8 @@
 #include "../examples/dqn_catch.h"
 #include "../examples/sequence_classify.h"
 #include "../examples/forecast.h"
+#include "../examples/finetune_lora.h"
+#include "test_util.h"
 #include "test.h"
 
 #define THREADS 2
@@ -215,6 +222,26 @@ static void test_sequence_classify(void) {
     printf("    waveforms of 8-40 steps: accuracy %.3f before training, %.3f after 600 steps (loss %.4f)\n", before, after, (double)loss);
     CHECK_MSG(after >= 0.75, "sequence_classify: accuracy %.3f after 600 steps", after);
     sc_free(&s);
+    dtr_context_destroy(ctx);
+}
+
+static void test_finetune_lora(void) {
+    dtr_context *ctx;
+    ft_report rep;
+    char base[256], merged[256];
+    if (!need_data()) return;
+    ctx = train_ctx(DTR_F32);
+    tmp_path("dtr_ft", "base.safetensors", base, sizeof base);
+    tmp_path("dtr_ft", "merged.safetensors", merged, sizeof merged);
+    CHECK_OK(ctx, ft_run(ctx, &g_data, 8, 300, 300, base, merged, &rep));
+    printf("    LoRA: base %.3f on the images, %.3f on the negatives; adapters (%lld of %lld parameters) %.3f, merged %.3f\n",
+           rep.base_acc, rep.base_neg_acc, (long long)rep.trainable, (long long)rep.params, rep.tuned_neg_acc, rep.merged_neg_acc);
+    CHECK(rep.base_acc >= 0.75 && rep.base_neg_acc < 0.2);
+    CHECK_EQ_INT(rep.trainable, 12496);
+    CHECK_EQ_INT(rep.state_bytes, 2 * 4 * 12496);
+    CHECK_MSG(rep.tuned_neg_acc >= 0.70, "LoRA on the negatives: %.3f", rep.tuned_neg_acc);
+    CHECK(fabs(rep.merged_neg_acc - rep.tuned_neg_acc) <= 0.002);
+    remove(base), remove(merged);
     dtr_context_destroy(ctx);
 }
 
@@ -639,6 +666,7 @@ int main(void) {
     RUN(test_dqn_catch);
     RUN(test_sequence_classify);
     RUN(test_forecast);
+    RUN(test_finetune_lora);
     dtr_mnist_destroy(&g_data);
     return test_summary();
 }
