@@ -43,7 +43,8 @@
  *                         its bits, AdamW holds moments for the adapter alone), the trained
  *                         output against x W^T + b + s (x A^T) B^T in double, merging (the same
  *                         output, B zero), a base file loaded with "*lora_" optional (without:
- *                         DTR_NOT_FOUND), and the errors.
+ *                         DTR_NOT_FOUND), the adapter alone saved (dtr_save_config.only: two
+ *                         tensors) and read back with "*" optional, and the errors.
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -1052,6 +1053,36 @@ static void lora_train(dtr_context *ctx, lora_net *n, const float *x, const floa
     dtr_optimizer_destroy(o);
 }
 
+/* the adapter alone saved (dtr_save_config.only) and read back into a model with its base:
+   the file holds two tensors, and the adapted output comes back */
+static void lora_adapter_file(dtr_context *ctx, lora_net *n, const float *x) {
+    const char *only[1] = {"*lora_"}, *all[1] = {"*"}, *none[1] = {"nothing."};
+    dtr_save_config sc = dtr_save_config_init(DTR_F32);
+    dtr_load_config lc = dtr_load_config_init();
+    float b[LR_OUT * LR_R], y[LR_B * LR_OUT], y2[LR_B * LR_OUT];
+    char path[256], err[256];
+    dtr_st_file f;
+    int i;
+    for (i = 0; i < LR_OUT * LR_R; i++) b[i] = 0.1f * (float)(i % 7) - 0.3f;
+    dtr_tensor_write(n->fc.lora_b, DTR_F32, b, LR_OUT * LR_R);
+    lora_out(ctx, n, x, y);
+    tmp_path("dtr_lora", "adapter.safetensors", path, sizeof path);
+    sc.only = none, sc.n_only = 1;
+    CHECK(dtr_model_save_ex(n->m, path, &sc) == DTR_NOT_FOUND);
+    dtr_context_clear_error(ctx);
+    sc.only = only;
+    CHECK_OK(ctx, dtr_model_save_ex(n->m, path, &sc));
+    CHECK(dtr_st_open(path, NULL, &f, err, sizeof err) == DTR_OK && f.count == 2);
+    dtr_st_destroy(&f);
+    memset(b, 0, sizeof b);
+    CHECK_OK(ctx, dtr_tensor_write(n->fc.lora_b, DTR_F32, b, LR_OUT * LR_R));   /* cleared, then restored from the file */
+    lc.optional = all, lc.n_optional = 1;
+    CHECK_OK(ctx, dtr_model_load_ex(n->m, path, &lc));
+    lora_out(ctx, n, x, y2);
+    CHECK(memcmp(y, y2, sizeof y) == 0);
+    remove(path);
+}
+
 static void test_lora(void) {
     dtr_context *ctx = test_ctx(1);
     lora_net n, base;
@@ -1088,6 +1119,7 @@ static void test_lora(void) {
     lora_out(ctx, &n, x, y);   /* the base's weights, B still zero */
     CHECK(memcmp(y, y0, sizeof y) == 0);
     remove(path);
+    lora_adapter_file(ctx, &n, x);
     /* errors */
     CHECK(dtr_linear_layer_add_lora(&n.fc, n.m, 2, 4.0f) == DTR_INVALID_ARGUMENT);   /* one there already */
     dtr_context_clear_error(ctx);

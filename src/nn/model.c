@@ -640,7 +640,24 @@ static dtr_result dtr__save_param(dtr_model *m, int i, dtr_dtype dt, dtr_st_entr
     return r;
 }
 
+dtr_save_config dtr_save_config_init(dtr_dtype dtype) {
+    dtr_save_config c;
+    memset(&c, 0, sizeof c);
+    c.dtype = dtype;
+    return c;
+}
+
 dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
+    dtr_save_config c = dtr_save_config_init(dt);
+    return dtr_model_save_ex(m, path, &c);
+}
+
+/* 1 when entry i of the model's file goes into a file saved with cfg */
+static int dtr__save_wanted(const dtr_model *m, int i, const dtr_save_config *cfg) {
+    return !cfg->n_only || dtr__has_prefix(dtr__file_tensor(m, i)->name, cfg->only, cfg->n_only);
+}
+
+dtr_result dtr_model_save_ex(dtr_model *m, const char *path, const dtr_save_config *cfg) {
     dtr_context *ctx;
     dtr_st_entry *ents = NULL;
     const void **data = NULL;
@@ -649,9 +666,11 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     int64_t total = 0;
     char err[512];
     dtr_result r;
-    int i, nfile, writer = 1;
-    if (!m || !path) return DTR_NULL_HANDLE;
+    dtr_dtype dt;
+    int i, k = 0, nfile, writer = 1;
+    if (!m || !path || !cfg) return DTR_NULL_HANDLE;
     ctx = m->ctx;
+    dt = cfg->dtype;
     if (!dtr__is_float(dt))
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_save: %s: weights are saved as f32, bf16 or f16, not %s", path,
                          dtr_dtype_name(dt));
@@ -661,20 +680,24 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     es = dtr_dtype_size(dt);
     nfile = m->count + m->nbuf;
     for (i = 0; i < nfile; i++) {
-        total += dtr__file_numel(m, i);
+        if (!dtr__save_wanted(m, i, cfg)) continue;
+        total += dtr__file_numel(m, i), k++;
         if (dtr__file_shard(m, i)->comm && dtr__file_shard(m, i)->rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
     }
+    if (!k && nfile) return dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_save: %s: no tensor of the model matches '%s'%s", path,
+                                      cfg->only && cfg->only[0] ? cfg->only[0] : "", cfg->n_only > 1 ? " or the others" : "");
     ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(nfile ? nfile : 1) * sizeof(*ents));
     data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(nfile ? nfile : 1) * sizeof(*data));
     conv = dtr__malloc(&ctx->alloc, (size_t)(total ? total : 1) * es);
     if (!ents || !data || !conv) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: %s: out of memory", path); goto done; }
-    for (i = 0; i < nfile; i++) {
-        data[i] = (char *)conv + off;
-        r = dtr__save_param(m, i, dt, &ents[i], (char *)conv + off);
+    for (k = 0, i = 0; i < nfile; i++) {
+        if (!dtr__save_wanted(m, i, cfg)) continue;
+        data[k] = (char *)conv + off;
+        r = dtr__save_param(m, i, dt, &ents[k++], (char *)conv + off);
         if (r != DTR_OK) goto done;
         off += (size_t)dtr__file_numel(m, i) * es;
     }
-    r = writer ? dtr_st_write(path, ents, data, nfile, err, sizeof(err)) : DTR_OK;
+    r = writer ? dtr_st_write(path, ents, data, k, err, sizeof(err)) : DTR_OK;
     if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_save: %s", err);
 done:
     dtr__free(&ctx->alloc, ents);

@@ -1369,6 +1369,20 @@ DTR_API dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sa
  *  gather is done; the file is complete when rank 0's call returns).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
+/** dtr_model_save's settings (dtr_save_config_init(dtype): every tensor in dtype). `only`:
+ *  n_only name prefixes (with '*' as in dtr_model_set_trainable); when given, only the
+ *  parameters and buffers they match are saved: {"*lora_"} writes a LoRA adapter file of a few
+ *  MB beside a base of GBs (dtr_model_load_ex with {"*"} optional reads it back). */
+typedef struct dtr_save_config {
+    dtr_dtype dtype;
+    const char *const *only;
+    int n_only;
+} dtr_save_config;
+/** A dtr_save_config saving every tensor in `dtype`. Thread safety: any thread. */
+DTR_API dtr_save_config dtr_save_config_init(dtr_dtype dtype);
+/** dtr_model_save with settings. DTR_NOT_FOUND when `only` matches no tensor of the model;
+ *  other errors, the collective saving of shards and thread safety as dtr_model_save's. */
+DTR_API dtr_result dtr_model_save_ex(dtr_model *m, const char *path, const dtr_save_config *cfg);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
  *  field of every entry is validated; a missing parameter, a shape mismatch or a corrupt file
  *  gives DTR_NOT_FOUND / DTR_SHAPE_MISMATCH / DTR_CORRUPT_FILE with the file and tensor named,
