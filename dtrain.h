@@ -15755,13 +15755,49 @@ static dtr_result dtr__load_keep(dtr_model *m, int i, float *stage) {
     return m->ctx->backend->to_host(m->ctx, stage, t->storage, (size_t)dtr_tensor_numel(t) * sizeof(float));
 }
 
+/* The shape-mismatch error of entry e (the file's) against t (the model's). */
+static dtr_result dtr__load_shape_err(dtr_model *m, const char *path, const char *name, const dtr_st_entry *e,
+                                      const dtr_tensor *t) {
+    dtr_tensor fs;
+    char s1[96], s2[96];
+    int d;
+    memset(&fs, 0, sizeof fs);
+    fs.ndim = e->ndim >= 0 && e->ndim <= DTR_MAX_DIMS ? e->ndim : 0;
+    for (d = 0; d < fs.ndim; d++) fs.shape[d] = e->shape[d];
+    return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s in the file, %s in the model", path,
+                     name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
+}
+
+/* Stages entry i of the model's file at `stage` from f, checked (or keeps its values when cfg
+   lets the file lack it); *loaded counts the entries read from the file. */
+static dtr_result dtr__load_stage(dtr_model *m, const dtr_st_file *f, const char *path, const dtr_load_config *cfg, int i,
+                                  float *stage, int *loaded) {
+    dtr_tensor want;
+    const dtr_tensor *t = dtr__file_shape(m, i, &want);
+    const dtr_st_entry *e = NULL;
+    const char *name = dtr__file_tensor(m, i)->name;
+    int j, d;
+    for (j = 0; j < f->count && !e; j++)
+        if (!strcmp(f->entries[j].name, name)) e = &f->entries[j];
+    if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) return dtr__load_keep(m, i, stage);
+    if (!e) return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name);
+    for (d = 0; d < t->ndim && e->ndim == t->ndim; d++)
+        if (e->shape[d] != t->shape[d]) break;
+    if (e->ndim != t->ndim || d < t->ndim) return dtr__load_shape_err(m, path, name, e, t);
+    if (e->foreign || !dtr__is_float(e->dtype))
+        return dtr__fail(m->ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
+                         path, name, e->dtype_name);
+    (*loaded)++;
+    return dtr__load_param(m, i, e, stage);
+}
+
 dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_config *cfg) {
     dtr_context *ctx;
     dtr_st_file f;
     float *stage = NULL;
-    char err[512], s1[96], s2[96];
+    char err[512];
     dtr_result r;
-    int i, j, d, loaded = 0;
+    int i, loaded = 0;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     r = dtr_model_build(m);
@@ -15772,51 +15808,16 @@ dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_conf
     /* convert everything into a staging copy first (the parameters, then the buffers): on any
        error the model is untouched */
     stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total + m->buf_total + 1) * sizeof(float));
-    if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
-    for (i = 0; i < m->count + m->nbuf; i++) {
-        dtr_tensor want;
-        const dtr_tensor *t = dtr__file_shape(m, i, &want);
-        const dtr_st_entry *e = NULL;
-        const char *name = dtr__file_tensor(m, i)->name;
-        for (j = 0; j < f.count; j++)
-            if (!strcmp(f.entries[j].name, name)) { e = &f.entries[j]; break; }
-        if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) {   /* keeps its values */
-            if ((r = dtr__load_keep(m, i, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
-            continue;
-        }
-        if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name); goto done; }
-        if (e->ndim != t->ndim) goto shape;
-        for (d = 0; d < t->ndim; d++)
-            if (e->shape[d] != t->shape[d]) goto shape;
-        if (e->foreign || !dtr__is_float(e->dtype)) {
-            r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
-                          path, name, e->dtype_name);
-            goto done;
-        }
-        if ((r = dtr__load_param(m, i, e, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
-        loaded++;
-        continue;
-    shape: {
-        dtr_tensor fs; /* the file's shape, for the message */
-        memset(&fs, 0, sizeof fs);
-        fs.ndim = e->ndim >= 0 && e->ndim <= DTR_MAX_DIMS ? e->ndim : 0;
-        for (d = 0; d < fs.ndim; d++) fs.shape[d] = e->shape[d];
-        r = dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s in the file, %s in the model", path,
-                      name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
-        goto done;
-    }
-    }
-    if (!loaded && m->count + m->nbuf > 0) {
+    if (!stage) r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path);
+    for (i = 0; r == DTR_OK && i < m->count + m->nbuf; i++)
+        r = dtr__load_stage(m, &f, path, cfg, i, stage + dtr__stage_offset(m, i), &loaded);
+    if (r == DTR_OK && !loaded && m->count + m->nbuf > 0)
         r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s holds none of the model's tensors", path);
-        goto done;
-    }
-    for (i = 0; i < m->count + m->nbuf; i++) {
+    for (i = 0; r == DTR_OK && i < m->count + m->nbuf; i++) {
         dtr_tensor *t = dtr__file_tensor(m, i);
         r = ctx->backend->from_host(ctx, t->storage, stage + dtr__stage_offset(m, i), (size_t)dtr_tensor_numel(t) * sizeof(float));
-        if (r != DTR_OK) { dtr__fail(ctx, r, "dtr_model_load: %s: copy to the device failed", path); goto done; }
+        if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_load: %s: copy to the device failed", path);
     }
-    r = DTR_OK;
-done:
     dtr__free(&ctx->alloc, stage);
     dtr_st_destroy(&f);
     return r;
@@ -15838,7 +15839,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15842 "dtrain.h"
+#line 15843 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16296,7 +16297,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16300 "dtrain.h"
+#line 16301 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16572,7 +16573,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16576 "dtrain.h"
+#line 16577 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16809,7 +16810,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16813 "dtrain.h"
+#line 16814 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17064,7 +17065,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17068 "dtrain.h"
+#line 17069 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17737,7 +17738,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17741 "dtrain.h"
+#line 17742 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17875,7 +17876,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17879 "dtrain.h"
+#line 17880 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18222,7 +18223,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18226 "dtrain.h"
+#line 18227 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18288,7 +18289,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18292 "dtrain.h"
+#line 18293 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18525,7 +18526,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18529 "dtrain.h"
+#line 18530 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19274,7 +19275,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19278 "dtrain.h"
+#line 19279 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19727,7 +19728,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19731 "dtrain.h"
+#line 19732 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19783,7 +19784,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19787 "dtrain.h"
+#line 19788 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20625,7 +20626,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20629 "dtrain.h"
+#line 20630 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21206,7 +21207,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21210 "dtrain.h"
+#line 21211 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21837,7 +21838,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21841 "dtrain.h"
+#line 21842 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22633,7 +22634,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22637 "dtrain.h"
+#line 22638 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22986,7 +22987,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22990 "dtrain.h"
+#line 22991 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23176,7 +23177,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23180 "dtrain.h"
+#line 23181 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23357,7 +23358,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23361 "dtrain.h"
+#line 23362 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24132,7 +24133,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24136 "dtrain.h"
+#line 24137 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24649,7 +24650,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24653 "dtrain.h"
+#line 24654 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25444,7 +25445,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25448 "dtrain.h"
+#line 25449 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26692,7 +26693,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26696 "dtrain.h"
+#line 26697 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27314,7 +27315,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27318 "dtrain.h"
+#line 27319 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27815,7 +27816,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27819 "dtrain.h"
+#line 27820 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28545,7 +28546,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28549 "dtrain.h"
+#line 28550 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28781,7 +28782,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28785 "dtrain.h"
+#line 28786 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28910,7 +28911,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28914 "dtrain.h"
+#line 28915 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29347,7 +29348,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29351 "dtrain.h"
+#line 29352 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29840,7 +29841,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29844 "dtrain.h"
+#line 29845 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30389,7 +30390,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30393 "dtrain.h"
+#line 30394 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30895,7 +30896,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30899 "dtrain.h"
+#line 30900 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32447,7 +32448,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32451 "dtrain.h"
+#line 32452 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32501,7 +32502,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32505 "dtrain.h"
+#line 32506 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33691,7 +33692,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33695 "dtrain.h"
+#line 33696 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34594,7 +34595,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34598 "dtrain.h"
+#line 34599 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36072,7 +36073,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36076 "dtrain.h"
+#line 36077 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36465,7 +36466,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36469 "dtrain.h"
+#line 36470 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36614,7 +36615,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36618 "dtrain.h"
+#line 36619 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -749,13 +749,49 @@ static dtr_result dtr__load_keep(dtr_model *m, int i, float *stage) {
     return m->ctx->backend->to_host(m->ctx, stage, t->storage, (size_t)dtr_tensor_numel(t) * sizeof(float));
 }
 
+/* The shape-mismatch error of entry e (the file's) against t (the model's). */
+static dtr_result dtr__load_shape_err(dtr_model *m, const char *path, const char *name, const dtr_st_entry *e,
+                                      const dtr_tensor *t) {
+    dtr_tensor fs;
+    char s1[96], s2[96];
+    int d;
+    memset(&fs, 0, sizeof fs);
+    fs.ndim = e->ndim >= 0 && e->ndim <= DTR_MAX_DIMS ? e->ndim : 0;
+    for (d = 0; d < fs.ndim; d++) fs.shape[d] = e->shape[d];
+    return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s in the file, %s in the model", path,
+                     name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
+}
+
+/* Stages entry i of the model's file at `stage` from f, checked (or keeps its values when cfg
+   lets the file lack it); *loaded counts the entries read from the file. */
+static dtr_result dtr__load_stage(dtr_model *m, const dtr_st_file *f, const char *path, const dtr_load_config *cfg, int i,
+                                  float *stage, int *loaded) {
+    dtr_tensor want;
+    const dtr_tensor *t = dtr__file_shape(m, i, &want);
+    const dtr_st_entry *e = NULL;
+    const char *name = dtr__file_tensor(m, i)->name;
+    int j, d;
+    for (j = 0; j < f->count && !e; j++)
+        if (!strcmp(f->entries[j].name, name)) e = &f->entries[j];
+    if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) return dtr__load_keep(m, i, stage);
+    if (!e) return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name);
+    for (d = 0; d < t->ndim && e->ndim == t->ndim; d++)
+        if (e->shape[d] != t->shape[d]) break;
+    if (e->ndim != t->ndim || d < t->ndim) return dtr__load_shape_err(m, path, name, e, t);
+    if (e->foreign || !dtr__is_float(e->dtype))
+        return dtr__fail(m->ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
+                         path, name, e->dtype_name);
+    (*loaded)++;
+    return dtr__load_param(m, i, e, stage);
+}
+
 dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_config *cfg) {
     dtr_context *ctx;
     dtr_st_file f;
     float *stage = NULL;
-    char err[512], s1[96], s2[96];
+    char err[512];
     dtr_result r;
-    int i, j, d, loaded = 0;
+    int i, loaded = 0;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     r = dtr_model_build(m);
@@ -766,51 +802,16 @@ dtr_result dtr_model_load_ex(dtr_model *m, const char *path, const dtr_load_conf
     /* convert everything into a staging copy first (the parameters, then the buffers): on any
        error the model is untouched */
     stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total + m->buf_total + 1) * sizeof(float));
-    if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
-    for (i = 0; i < m->count + m->nbuf; i++) {
-        dtr_tensor want;
-        const dtr_tensor *t = dtr__file_shape(m, i, &want);
-        const dtr_st_entry *e = NULL;
-        const char *name = dtr__file_tensor(m, i)->name;
-        for (j = 0; j < f.count; j++)
-            if (!strcmp(f.entries[j].name, name)) { e = &f.entries[j]; break; }
-        if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) {   /* keeps its values */
-            if ((r = dtr__load_keep(m, i, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
-            continue;
-        }
-        if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name); goto done; }
-        if (e->ndim != t->ndim) goto shape;
-        for (d = 0; d < t->ndim; d++)
-            if (e->shape[d] != t->shape[d]) goto shape;
-        if (e->foreign || !dtr__is_float(e->dtype)) {
-            r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
-                          path, name, e->dtype_name);
-            goto done;
-        }
-        if ((r = dtr__load_param(m, i, e, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
-        loaded++;
-        continue;
-    shape: {
-        dtr_tensor fs; /* the file's shape, for the message */
-        memset(&fs, 0, sizeof fs);
-        fs.ndim = e->ndim >= 0 && e->ndim <= DTR_MAX_DIMS ? e->ndim : 0;
-        for (d = 0; d < fs.ndim; d++) fs.shape[d] = e->shape[d];
-        r = dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s in the file, %s in the model", path,
-                      name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
-        goto done;
-    }
-    }
-    if (!loaded && m->count + m->nbuf > 0) {
+    if (!stage) r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path);
+    for (i = 0; r == DTR_OK && i < m->count + m->nbuf; i++)
+        r = dtr__load_stage(m, &f, path, cfg, i, stage + dtr__stage_offset(m, i), &loaded);
+    if (r == DTR_OK && !loaded && m->count + m->nbuf > 0)
         r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s holds none of the model's tensors", path);
-        goto done;
-    }
-    for (i = 0; i < m->count + m->nbuf; i++) {
+    for (i = 0; r == DTR_OK && i < m->count + m->nbuf; i++) {
         dtr_tensor *t = dtr__file_tensor(m, i);
         r = ctx->backend->from_host(ctx, t->storage, stage + dtr__stage_offset(m, i), (size_t)dtr_tensor_numel(t) * sizeof(float));
-        if (r != DTR_OK) { dtr__fail(ctx, r, "dtr_model_load: %s: copy to the device failed", path); goto done; }
+        if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_load: %s: copy to the device failed", path);
     }
-    r = DTR_OK;
-done:
     dtr__free(&ctx->alloc, stage);
     dtr_st_destroy(&f);
     return r;
