@@ -1601,6 +1601,14 @@ typedef struct dtr_optimizer_config {
      *  are the whole model's. */
     dtr_result (*norm_sum)(void *user, double *vals, int n);
     void *norm_sum_user;    /**< handed to norm_sum */
+    /** Parameters without weight decay (PyTorch's param groups with weight_decay 0): with
+     *  decay_matrices_only, every parameter of fewer than 2 dimensions (biases, norms' scales:
+     *  nanoGPT's and llm.c's rule); and those matching one of the n_no_decay `no_decay` name
+     *  prefixes ('*' as in dtr_model_set_trainable), read at dtr_optimizer_create. LAMB over a
+     *  ZeRO shard with shard_sum refuses them (DTR_UNSUPPORTED at the step). */
+    int decay_matrices_only;
+    const char *const *no_decay;
+    int n_no_decay;
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
@@ -4820,7 +4828,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4824 "dtrain.h"
+#line 4832 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5675,11 +5683,9 @@ DTR__PRIVATE void dtr__grad_hook_defer(dtr_context *ctx, int id);
 /** Steps of the complete checkpoints under dir (dtr_ckpt's layout), newest first, up to cap;
  *  -1 when dir cannot be read (src/engine/checkpoint.c). */
 DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
-/** The next run of trainable parameters from parameter *i on (start with *i = 0): the float
- *  range [*begin, *end) of the model's buffers from a trainable parameter to the next frozen
- *  one (the padding between included); 0 when none is left. A model with none frozen: one run,
- *  the whole buffer. */
-DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
+/** 1 when name starts with one of the n prefixes, a '*' in which matches any run of characters
+ *  (dtr_model_set_trainable's patterns). */
+DTR__PRIVATE int dtr__name_matches(const char *name, const char *const *prefixes, int n);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
 /** A number that changes with every change of the model's trainable set (an optimizer lays its
@@ -5739,7 +5745,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5743 "dtrain.h"
+#line 5749 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6237,7 +6243,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6241 "dtrain.h"
+#line 6247 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6299,7 +6305,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6303 "dtrain.h"
+#line 6309 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6678,7 +6684,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6682 "dtrain.h"
+#line 6688 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6721,7 +6727,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6725 "dtrain.h"
+#line 6731 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6755,7 +6761,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6759 "dtrain.h"
+#line 6765 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6814,7 +6820,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6818 "dtrain.h"
+#line 6824 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6888,7 +6894,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6892 "dtrain.h"
+#line 6898 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6956,7 +6962,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6960 "dtrain.h"
+#line 6966 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7031,7 +7037,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7035 "dtrain.h"
+#line 7041 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7383,7 +7389,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7387 "dtrain.h"
+#line 7393 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8346,7 +8352,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8350 "dtrain.h"
+#line 8356 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9021,7 +9027,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9025 "dtrain.h"
+#line 9031 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9112,7 +9118,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9116 "dtrain.h"
+#line 9122 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9594,7 +9600,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9598 "dtrain.h"
+#line 9604 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9849,7 +9855,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9853 "dtrain.h"
+#line 9859 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10082,7 +10088,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10086 "dtrain.h"
+#line 10092 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10201,7 +10207,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10205 "dtrain.h"
+#line 10211 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10257,7 +10263,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10261 "dtrain.h"
+#line 10267 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10655,7 +10661,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10659 "dtrain.h"
+#line 10665 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10920,7 +10926,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10924 "dtrain.h"
+#line 10930 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11484,7 +11490,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11488 "dtrain.h"
+#line 11494 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11666,7 +11672,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11670 "dtrain.h"
+#line 11676 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13296,7 +13302,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13300 "dtrain.h"
+#line 13306 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14203,7 +14209,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14207 "dtrain.h"
+#line 14213 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14465,7 +14471,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14469 "dtrain.h"
+#line 14475 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14866,7 +14872,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14870 "dtrain.h"
+#line 14876 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15000,7 +15006,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15004 "dtrain.h"
+#line 15010 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15370,7 +15376,7 @@ static int dtr__prefix_match(const char *name, const char *pat) {
     }
 }
 
-static int dtr__has_prefix(const char *name, const char *const *prefixes, int n) {
+int dtr__name_matches(const char *name, const char *const *prefixes, int n) {
     int k;
     for (k = 0; k < n; k++)
         if (prefixes[k] && dtr__prefix_match(name, prefixes[k])) return 1;
@@ -15393,7 +15399,7 @@ static dtr_result dtr__model_keep_bufs(dtr_model *m, const char *const *prefixes
     m->buf_total = 0;
     for (i = 0; i < m->nbuf; i++) {
         dtr_tensor *t = m->bufs[i];
-        if (!dtr__has_prefix(t->name, prefixes, n)) {
+        if (!dtr__name_matches(t->name, prefixes, n)) {
             if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
             continue;
         }
@@ -15413,7 +15419,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
     m->total = 0;
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
-        if (!dtr__has_prefix(t->name, prefixes, n)) {
+        if (!dtr__name_matches(t->name, prefixes, n)) {
             if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
             continue;
         }
@@ -15436,7 +15442,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
         int was = (t->flags & DTR__REQUIRES_GRAD) != 0;
-        if (n && !dtr__has_prefix(t->name, prefixes, n)) continue;
+        if (n && !dtr__name_matches(t->name, prefixes, n)) continue;
         matched++;
         if (was == !!trainable) continue;
         t->flags = trainable ? t->flags | DTR__REQUIRES_GRAD : t->flags & ~(unsigned)DTR__REQUIRES_GRAD;
@@ -15456,21 +15462,6 @@ int dtr_model_param_trainable(const dtr_model *m, int i) {
 int dtr__model_frozen(const dtr_model *m) { return m->frozen; }
 
 unsigned dtr__model_trainable_gen(const dtr_model *m) { return m->trainable_gen; }
-
-int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end) {
-    if (!m->frozen) {   /* everything: one run */
-        if (*i > 0) return 0;
-        *i = m->count ? m->count : 1;
-        *begin = 0, *end = m->total;
-        return 1;
-    }
-    while (*i < m->count && !(m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
-    if (*i >= m->count) return 0;
-    *begin = m->offsets[*i];
-    while (*i < m->count && (m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
-    *end = *i < m->count ? m->offsets[*i] : m->total;
-    return 1;
-}
 
 /* ---- queries ---- */
 
@@ -15660,7 +15651,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
 
 /* 1 when entry i of the model's file goes into a file saved with cfg */
 static int dtr__save_wanted(const dtr_model *m, int i, const dtr_save_config *cfg) {
-    return !cfg->n_only || dtr__has_prefix(dtr__file_tensor(m, i)->name, cfg->only, cfg->n_only);
+    return !cfg->n_only || dtr__name_matches(dtr__file_tensor(m, i)->name, cfg->only, cfg->n_only);
 }
 
 dtr_result dtr_model_save_ex(dtr_model *m, const char *path, const dtr_save_config *cfg) {
@@ -15779,7 +15770,7 @@ static dtr_result dtr__load_stage(dtr_model *m, const dtr_st_file *f, const char
     int j, d;
     for (j = 0; j < f->count && !e; j++)
         if (!strcmp(f->entries[j].name, name)) e = &f->entries[j];
-    if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) return dtr__load_keep(m, i, stage);
+    if (!e && cfg && dtr__name_matches(name, cfg->optional, cfg->n_optional)) return dtr__load_keep(m, i, stage);
     if (!e) return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name);
     for (d = 0; d < t->ndim && e->ndim == t->ndim; d++)
         if (e->shape[d] != t->shape[d]) break;
@@ -15839,7 +15830,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15843 "dtrain.h"
+#line 15834 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16297,7 +16288,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16301 "dtrain.h"
+#line 16292 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16573,7 +16564,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16577 "dtrain.h"
+#line 16568 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16810,7 +16801,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16814 "dtrain.h"
+#line 16805 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17065,7 +17056,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17069 "dtrain.h"
+#line 17060 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17088,10 +17079,12 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
 #endif
 
 /* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
-   buffers, its state from float at[r] on; frozen parameters (dtr_model_set_trainable) have
-   none. Without frozen parameters, one run: the optimizer's whole range. */
+   buffers (parameters alike in weight decay), its state from float at[r] on; frozen
+   parameters (dtr_model_set_trainable) have none. Without frozen parameters and decay
+   exceptions, one run: the optimizer's whole range. */
 typedef struct dtr__state_map {
     int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
+    unsigned char *decay;     /* 1: the run's parameters take weight decay (dtr__decays) */
     int n;
     int64_t floats;           /* the runs' total: the length of each state buffer */
     unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
@@ -17102,6 +17095,8 @@ struct dtr_optimizer {
     dtr_optimizer_config cfg;
     float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
+    unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
+    int some_no_decay;        /* some parameter does not */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
     dtr__state_map map;
     int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to their run (with
@@ -17207,22 +17202,36 @@ static void dtr__lamb_segments(dtr_optimizer *o) {
 
 /* ---- the state's layout ---- */
 
-/* map's runs: the model's trainable runs inside [base, base + len) */
+/* Parameter i's weight decay flag from cfg: not for fewer than 2 dimensions with
+   decay_matrices_only, nor for a name no_decay matches. */
+static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int i) {
+    const dtr_tensor *t = dtr_model_param_at(m, i);
+    if (cfg->decay_matrices_only && dtr_tensor_ndim(t) < 2) return 0;
+    return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
+}
+
+/* map's runs: consecutive trainable parameters alike in decay (from the first one's offset to
+   the next parameter's: the padding between them included), inside [base, base + len) */
 static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
-    int64_t rb, re, lo = o->base, hi = o->base + o->len;
-    int i = 0;
+    int64_t lo = o->base, hi = o->base + o->len;
+    int np = dtr_model_param_count(o->model), i = 0, j;
     map->n = 0, map->floats = 0;
     map->gen = dtr__model_trainable_gen(o->model);
-    while (dtr__model_trainable_run(o->model, &i, &rb, &re)) {
+    for (; i < np; i = j) {
+        int64_t rb = dtr_model_param_offset(o->model, i), re;
+        if (!dtr_model_param_trainable(o->model, i)) { j = i + 1; continue; }
+        for (j = i + 1; j < np && dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i]; j++) {}
+        re = j < np ? dtr_model_param_offset(o->model, j) : dtr_model_numel(o->model);
         rb = rb > lo ? rb : lo, re = re < hi ? re : hi;
         if (rb >= re) continue;
-        map->lo[map->n] = rb, map->hi[map->n] = re, map->at[map->n++] = map->floats;
+        map->lo[map->n] = rb, map->hi[map->n] = re, map->decay[map->n] = o->decays[i], map->at[map->n++] = map->floats;
         map->floats += re - rb;
     }
 }
 
 static void dtr__map_free(dtr_context *ctx, dtr__state_map *map) {
     dtr__free(&ctx->alloc, map->lo), dtr__free(&ctx->alloc, map->hi), dtr__free(&ctx->alloc, map->at);
+    dtr__free(&ctx->alloc, map->decay);
     memset(map, 0, sizeof *map);
 }
 
@@ -17272,8 +17281,8 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     if (o->map.lo && o->map.gen == dtr__model_trainable_gen(o->model)) return DTR_OK;
     memset(&map, 0, sizeof map);
     map.lo = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.hi = (int64_t *)dtr__malloc(&ctx->alloc, cap);
-    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap);
-    if (!map.lo || !map.hi || !map.at) r = DTR_OUT_OF_MEMORY;
+    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.decay = (unsigned char *)dtr__malloc(&ctx->alloc, cap);
+    if (!map.lo || !map.hi || !map.at || !map.decay) r = DTR_OUT_OF_MEMORY;
     if (r == DTR_OK) dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
     if (r == DTR_OK && o->m) r = dtr__map_carry(ctx, &o->map, o->m, &map, buf[0]);
     if (r == DTR_OK && o->v) r = dtr__map_carry(ctx, &o->map, o->v, &map, buf[1]);
@@ -17287,6 +17296,17 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     dtr__map_free(ctx, &o->map);
     o->map = map, o->m = buf[0], o->v = buf[1], o->work = buf[2];
     if (o->run_seg) dtr__lamb_segments(o);
+    return DTR_OK;
+}
+
+/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go) */
+static dtr_result dtr__decay_flags(dtr_optimizer *o) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int np = dtr_model_param_count(o->model), i;
+    o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
+    if (!o->decays) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    for (i = 0; i < np; i++) o->some_no_decay |= !(o->decays[i] = (unsigned char)dtr__decays(o->model, &o->cfg, i));
+    o->cfg.no_decay = NULL, o->cfg.n_no_decay = 0;
     return DTR_OK;
 }
 
@@ -17321,6 +17341,10 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
     o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
               : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
+    if ((r = dtr__decay_flags(o)) != DTR_OK) {
+        dtr_optimizer_destroy(o);
+        return r;
+    }
     if (cfg->kind == DTR_OPT_LAMB) {
         size_t n = (size_t)dtr_model_param_count(model) + 2;
         o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, n * sizeof(int64_t));
@@ -17352,6 +17376,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->seg_end);
     dtr__free(&ctx->alloc, o->seg_param);
     dtr__free(&ctx->alloc, o->run_seg);
+    dtr__free(&ctx->alloc, o->decays);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -17556,6 +17581,7 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->m = o->m ? o->m + at : NULL;
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
+    a->weight_decay = o->map.decay[r] ? o->cfg.weight_decay : 0.0f;
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
         a->seg_begin = o->seg_begin + o->run_seg[r];
@@ -17570,9 +17596,10 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     int k;
     dtr_result r = DTR_OK;
     if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
-        if (dtr__model_frozen(o->model))
+        if (dtr__model_frozen(o->model) || o->some_no_decay)
             return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
-                             "(dtr_model_set_trainable) is not supported; use Adam or AdamW");
+                             "(dtr_model_set_trainable) or parameters without weight decay is not supported; use Adam "
+                             "or AdamW");
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
@@ -17738,7 +17765,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17742 "dtrain.h"
+#line 17769 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17876,7 +17903,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17880 "dtrain.h"
+#line 17907 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18223,7 +18250,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18227 "dtrain.h"
+#line 18254 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18289,7 +18316,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18293 "dtrain.h"
+#line 18320 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18526,7 +18553,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18530 "dtrain.h"
+#line 18557 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19275,7 +19302,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19279 "dtrain.h"
+#line 19306 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19728,7 +19755,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19732 "dtrain.h"
+#line 19759 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19784,7 +19811,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19788 "dtrain.h"
+#line 19815 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20626,7 +20653,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20630 "dtrain.h"
+#line 20657 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21207,7 +21234,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21211 "dtrain.h"
+#line 21238 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21838,7 +21865,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21842 "dtrain.h"
+#line 21869 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22634,7 +22661,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22638 "dtrain.h"
+#line 22665 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -22987,7 +23014,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 22991 "dtrain.h"
+#line 23018 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23177,7 +23204,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23181 "dtrain.h"
+#line 23208 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23358,7 +23385,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23362 "dtrain.h"
+#line 23389 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24133,7 +24160,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24137 "dtrain.h"
+#line 24164 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24650,7 +24677,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24654 "dtrain.h"
+#line 24681 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25445,7 +25472,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25449 "dtrain.h"
+#line 25476 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26693,7 +26720,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26697 "dtrain.h"
+#line 26724 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27315,7 +27342,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27319 "dtrain.h"
+#line 27346 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27816,7 +27843,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27820 "dtrain.h"
+#line 27847 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28546,7 +28573,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28550 "dtrain.h"
+#line 28577 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28782,7 +28809,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28786 "dtrain.h"
+#line 28813 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28911,7 +28938,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28915 "dtrain.h"
+#line 28942 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29348,7 +29375,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29352 "dtrain.h"
+#line 29379 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29841,7 +29868,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29845 "dtrain.h"
+#line 29872 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30390,7 +30417,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30394 "dtrain.h"
+#line 30421 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30896,7 +30923,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30900 "dtrain.h"
+#line 30927 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32448,7 +32475,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32452 "dtrain.h"
+#line 32479 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32502,7 +32529,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32506 "dtrain.h"
+#line 32533 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33692,7 +33719,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33696 "dtrain.h"
+#line 33723 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34595,7 +34622,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34599 "dtrain.h"
+#line 34626 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36073,7 +36100,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36077 "dtrain.h"
+#line 36104 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36466,7 +36493,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36470 "dtrain.h"
+#line 36497 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36615,7 +36642,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36619 "dtrain.h"
+#line 36646 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

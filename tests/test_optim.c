@@ -10,7 +10,9 @@
  * Also covered: gradient accumulation, clipping inside the optimizer, schedules seen through
  * dtr_optimizer_lr / dtr_optimizer_steps, dtr_optimizer_moments, invalid configurations and
  * NULL handles; frozen parameters (test_frozen: no gradient, no update even by weight decay, the
- * others as if the frozen ones were constants; unfreezing). */
+ * others as if the frozen ones were constants, no moments for them; unfreezing keeps the others'
+ * moments); weight decay on matrices only against torch's two param groups (the fixtures'
+ * *_decay_matrices cases) and by name (test_no_decay: "*bias" gives the same bits). */
 #include "test.h"
 #include "fixtures/optim_fixtures.h"
 
@@ -103,6 +105,7 @@ static dtr_optimizer_config case_config(const optf_case *c) {
     cfg.beta2 = c->beta2;
     cfg.eps = c->eps;
     cfg.weight_decay = c->weight_decay;
+    cfg.decay_matrices_only = c->decay_matrices_only;
     cfg.clip_norm = c->clip_norm;
     cfg.schedule.kind = c->sched;
     cfg.schedule.min_lr = c->min_lr;
@@ -683,6 +686,36 @@ static void frozen_case(dtr_optimizer_kind kind) {
     dtr_context_destroy(ctx);
 }
 
+/* no_decay by name ("*bias", the pattern array gone after create) gives decay_matrices_only's
+   bits on the MLP (whose only 1-D parameters are its biases), and differs from decaying all */
+static void test_no_decay(void) {
+    dtr_context *ctx = test_ctx(1);
+    fz_net n[3];
+    dtr_optimizer *o[3];
+    float p[3][40];
+    int k, t;
+    for (k = 0; k < 3; k++) {
+        dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.05f);
+        char pat[8];
+        const char *pats[1];
+        snprintf(pat, sizeof pat, "*bias");
+        pats[0] = pat;
+        oc.weight_decay = 0.5f;
+        oc.decay_matrices_only = k == 0;
+        if (k == 1) oc.no_decay = pats, oc.n_no_decay = 1;
+        fz_make(ctx, &n[k], 1);
+        CHECK_OK(ctx, dtr_optimizer_create(n[k].m, &oc, &o[k]));
+        memset(pat, 0, sizeof pat);   /* read at create only */
+    }
+    for (t = 0; t < 5; t++)
+        for (k = 0; k < 3; k++) fz_step(ctx, &n[k], o[k], NULL, NULL, t);
+    for (k = 0; k < 3; k++) fz_read(n[k].l1.bias, p[k], 8), fz_read(n[k].l1.weight, p[k] + 8, 32);
+    CHECK(memcmp(p[0], p[1], sizeof p[0]) == 0);
+    CHECK(memcmp(p[0], p[2], 8 * sizeof(float)) != 0);   /* the biases decayed there */
+    for (k = 0; k < 3; k++) dtr_optimizer_destroy(o[k]), dtr_model_destroy(n[k].m);
+    dtr_context_destroy(ctx);
+}
+
 /* AdamW, and LAMB (its per-parameter trust ratios over the runs of trainable parameters) */
 static void test_frozen(void) {
     frozen_case(DTR_OPT_ADAMW);
@@ -700,6 +733,7 @@ int main(void) {
     RUN(test_backward_then_step);
     RUN(test_lamb_zero_param);
     RUN(test_frozen);
+    RUN(test_no_decay);
     RUN(test_config_defaults);
     RUN(test_invalid_configs);
     RUN(test_null_handles);

@@ -849,11 +849,9 @@ DTR__PRIVATE void dtr__grad_hook_defer(dtr_context *ctx, int id);
 /** Steps of the complete checkpoints under dir (dtr_ckpt's layout), newest first, up to cap;
  *  -1 when dir cannot be read (src/engine/checkpoint.c). */
 DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
-/** The next run of trainable parameters from parameter *i on (start with *i = 0): the float
- *  range [*begin, *end) of the model's buffers from a trainable parameter to the next frozen
- *  one (the padding between included); 0 when none is left. A model with none frozen: one run,
- *  the whole buffer. */
-DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
+/** 1 when name starts with one of the n prefixes, a '*' in which matches any run of characters
+ *  (dtr_model_set_trainable's patterns). */
+DTR__PRIVATE int dtr__name_matches(const char *name, const char *const *prefixes, int n);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
 /** A number that changes with every change of the model's trainable set (an optimizer lays its

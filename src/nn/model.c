@@ -364,7 +364,7 @@ static int dtr__prefix_match(const char *name, const char *pat) {
     }
 }
 
-static int dtr__has_prefix(const char *name, const char *const *prefixes, int n) {
+int dtr__name_matches(const char *name, const char *const *prefixes, int n) {
     int k;
     for (k = 0; k < n; k++)
         if (prefixes[k] && dtr__prefix_match(name, prefixes[k])) return 1;
@@ -387,7 +387,7 @@ static dtr_result dtr__model_keep_bufs(dtr_model *m, const char *const *prefixes
     m->buf_total = 0;
     for (i = 0; i < m->nbuf; i++) {
         dtr_tensor *t = m->bufs[i];
-        if (!dtr__has_prefix(t->name, prefixes, n)) {
+        if (!dtr__name_matches(t->name, prefixes, n)) {
             if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
             continue;
         }
@@ -407,7 +407,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
     m->total = 0;
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
-        if (!dtr__has_prefix(t->name, prefixes, n)) {
+        if (!dtr__name_matches(t->name, prefixes, n)) {
             if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
             continue;
         }
@@ -430,7 +430,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
         int was = (t->flags & DTR__REQUIRES_GRAD) != 0;
-        if (n && !dtr__has_prefix(t->name, prefixes, n)) continue;
+        if (n && !dtr__name_matches(t->name, prefixes, n)) continue;
         matched++;
         if (was == !!trainable) continue;
         t->flags = trainable ? t->flags | DTR__REQUIRES_GRAD : t->flags & ~(unsigned)DTR__REQUIRES_GRAD;
@@ -450,21 +450,6 @@ int dtr_model_param_trainable(const dtr_model *m, int i) {
 int dtr__model_frozen(const dtr_model *m) { return m->frozen; }
 
 unsigned dtr__model_trainable_gen(const dtr_model *m) { return m->trainable_gen; }
-
-int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end) {
-    if (!m->frozen) {   /* everything: one run */
-        if (*i > 0) return 0;
-        *i = m->count ? m->count : 1;
-        *begin = 0, *end = m->total;
-        return 1;
-    }
-    while (*i < m->count && !(m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
-    if (*i >= m->count) return 0;
-    *begin = m->offsets[*i];
-    while (*i < m->count && (m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
-    *end = *i < m->count ? m->offsets[*i] : m->total;
-    return 1;
-}
 
 /* ---- queries ---- */
 
@@ -654,7 +639,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
 
 /* 1 when entry i of the model's file goes into a file saved with cfg */
 static int dtr__save_wanted(const dtr_model *m, int i, const dtr_save_config *cfg) {
-    return !cfg->n_only || dtr__has_prefix(dtr__file_tensor(m, i)->name, cfg->only, cfg->n_only);
+    return !cfg->n_only || dtr__name_matches(dtr__file_tensor(m, i)->name, cfg->only, cfg->n_only);
 }
 
 dtr_result dtr_model_save_ex(dtr_model *m, const char *path, const dtr_save_config *cfg) {
@@ -773,7 +758,7 @@ static dtr_result dtr__load_stage(dtr_model *m, const dtr_st_file *f, const char
     int j, d;
     for (j = 0; j < f->count && !e; j++)
         if (!strcmp(f->entries[j].name, name)) e = &f->entries[j];
-    if (!e && cfg && dtr__has_prefix(name, cfg->optional, cfg->n_optional)) return dtr__load_keep(m, i, stage);
+    if (!e && cfg && dtr__name_matches(name, cfg->optional, cfg->n_optional)) return dtr__load_keep(m, i, stage);
     if (!e) return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name);
     for (d = 0; d < t->ndim && e->ndim == t->ndim; d++)
         if (e->shape[d] != t->shape[d]) break;

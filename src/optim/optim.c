@@ -17,10 +17,12 @@
 #endif
 
 /* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
-   buffers, its state from float at[r] on; frozen parameters (dtr_model_set_trainable) have
-   none. Without frozen parameters, one run: the optimizer's whole range. */
+   buffers (parameters alike in weight decay), its state from float at[r] on; frozen
+   parameters (dtr_model_set_trainable) have none. Without frozen parameters and decay
+   exceptions, one run: the optimizer's whole range. */
 typedef struct dtr__state_map {
     int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
+    unsigned char *decay;     /* 1: the run's parameters take weight decay (dtr__decays) */
     int n;
     int64_t floats;           /* the runs' total: the length of each state buffer */
     unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
@@ -31,6 +33,8 @@ struct dtr_optimizer {
     dtr_optimizer_config cfg;
     float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
+    unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
+    int some_no_decay;        /* some parameter does not */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
     dtr__state_map map;
     int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to their run (with
@@ -136,22 +140,36 @@ static void dtr__lamb_segments(dtr_optimizer *o) {
 
 /* ---- the state's layout ---- */
 
-/* map's runs: the model's trainable runs inside [base, base + len) */
+/* Parameter i's weight decay flag from cfg: not for fewer than 2 dimensions with
+   decay_matrices_only, nor for a name no_decay matches. */
+static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int i) {
+    const dtr_tensor *t = dtr_model_param_at(m, i);
+    if (cfg->decay_matrices_only && dtr_tensor_ndim(t) < 2) return 0;
+    return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
+}
+
+/* map's runs: consecutive trainable parameters alike in decay (from the first one's offset to
+   the next parameter's: the padding between them included), inside [base, base + len) */
 static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
-    int64_t rb, re, lo = o->base, hi = o->base + o->len;
-    int i = 0;
+    int64_t lo = o->base, hi = o->base + o->len;
+    int np = dtr_model_param_count(o->model), i = 0, j;
     map->n = 0, map->floats = 0;
     map->gen = dtr__model_trainable_gen(o->model);
-    while (dtr__model_trainable_run(o->model, &i, &rb, &re)) {
+    for (; i < np; i = j) {
+        int64_t rb = dtr_model_param_offset(o->model, i), re;
+        if (!dtr_model_param_trainable(o->model, i)) { j = i + 1; continue; }
+        for (j = i + 1; j < np && dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i]; j++) {}
+        re = j < np ? dtr_model_param_offset(o->model, j) : dtr_model_numel(o->model);
         rb = rb > lo ? rb : lo, re = re < hi ? re : hi;
         if (rb >= re) continue;
-        map->lo[map->n] = rb, map->hi[map->n] = re, map->at[map->n++] = map->floats;
+        map->lo[map->n] = rb, map->hi[map->n] = re, map->decay[map->n] = o->decays[i], map->at[map->n++] = map->floats;
         map->floats += re - rb;
     }
 }
 
 static void dtr__map_free(dtr_context *ctx, dtr__state_map *map) {
     dtr__free(&ctx->alloc, map->lo), dtr__free(&ctx->alloc, map->hi), dtr__free(&ctx->alloc, map->at);
+    dtr__free(&ctx->alloc, map->decay);
     memset(map, 0, sizeof *map);
 }
 
@@ -201,8 +219,8 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     if (o->map.lo && o->map.gen == dtr__model_trainable_gen(o->model)) return DTR_OK;
     memset(&map, 0, sizeof map);
     map.lo = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.hi = (int64_t *)dtr__malloc(&ctx->alloc, cap);
-    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap);
-    if (!map.lo || !map.hi || !map.at) r = DTR_OUT_OF_MEMORY;
+    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.decay = (unsigned char *)dtr__malloc(&ctx->alloc, cap);
+    if (!map.lo || !map.hi || !map.at || !map.decay) r = DTR_OUT_OF_MEMORY;
     if (r == DTR_OK) dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
     if (r == DTR_OK && o->m) r = dtr__map_carry(ctx, &o->map, o->m, &map, buf[0]);
     if (r == DTR_OK && o->v) r = dtr__map_carry(ctx, &o->map, o->v, &map, buf[1]);
@@ -216,6 +234,17 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     dtr__map_free(ctx, &o->map);
     o->map = map, o->m = buf[0], o->v = buf[1], o->work = buf[2];
     if (o->run_seg) dtr__lamb_segments(o);
+    return DTR_OK;
+}
+
+/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go) */
+static dtr_result dtr__decay_flags(dtr_optimizer *o) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int np = dtr_model_param_count(o->model), i;
+    o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
+    if (!o->decays) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    for (i = 0; i < np; i++) o->some_no_decay |= !(o->decays[i] = (unsigned char)dtr__decays(o->model, &o->cfg, i));
+    o->cfg.no_decay = NULL, o->cfg.n_no_decay = 0;
     return DTR_OK;
 }
 
@@ -250,6 +279,10 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
     o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
               : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
+    if ((r = dtr__decay_flags(o)) != DTR_OK) {
+        dtr_optimizer_destroy(o);
+        return r;
+    }
     if (cfg->kind == DTR_OPT_LAMB) {
         size_t n = (size_t)dtr_model_param_count(model) + 2;
         o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, n * sizeof(int64_t));
@@ -281,6 +314,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->seg_end);
     dtr__free(&ctx->alloc, o->seg_param);
     dtr__free(&ctx->alloc, o->run_seg);
+    dtr__free(&ctx->alloc, o->decays);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -485,6 +519,7 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->m = o->m ? o->m + at : NULL;
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
+    a->weight_decay = o->map.decay[r] ? o->cfg.weight_decay : 0.0f;
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
         a->seg_begin = o->seg_begin + o->run_seg[r];
@@ -499,9 +534,10 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     int k;
     dtr_result r = DTR_OK;
     if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
-        if (dtr__model_frozen(o->model))
+        if (dtr__model_frozen(o->model) || o->some_no_decay)
             return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
-                             "(dtr_model_set_trainable) is not supported; use Adam or AdamW");
+                             "(dtr_model_set_trainable) or parameters without weight decay is not supported; use Adam "
+                             "or AdamW");
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }

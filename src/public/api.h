@@ -1576,6 +1576,14 @@ typedef struct dtr_optimizer_config {
      *  are the whole model's. */
     dtr_result (*norm_sum)(void *user, double *vals, int n);
     void *norm_sum_user;    /**< handed to norm_sum */
+    /** Parameters without weight decay (PyTorch's param groups with weight_decay 0): with
+     *  decay_matrices_only, every parameter of fewer than 2 dimensions (biases, norms' scales:
+     *  nanoGPT's and llm.c's rule); and those matching one of the n_no_decay `no_decay` name
+     *  prefixes ('*' as in dtr_model_set_trainable), read at dtr_optimizer_create. LAMB over a
+     *  ZeRO shard with shard_sum refuses them (DTR_UNSUPPORTED at the step). */
+    int decay_matrices_only;
+    const char *const *no_decay;
+    int n_no_decay;
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
