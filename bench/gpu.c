@@ -191,15 +191,6 @@ static dtr_result net_lora(net *n, const bench_model *b, int built) {
     return r;
 }
 
-/* the optimizer's moment bytes (its state entries 3 and on) */
-static double state_mb(dtr_optimizer *o) {
-    dtr_state_entry e;
-    double b = 0.0;
-    int i;
-    for (i = 3; dtr_optimizer_state(o, i, &e) == DTR_OK; i++) b += (double)e.bytes;
-    return b / 1048576.0;
-}
-
 static int run_model(const bench_model *b, const dtr_backend *backend, const char *bname, int steps, int warmup,
                      double peak_tflops, int threads) {
     dtr_context_config cc = dtr_context_config_init();
@@ -288,7 +279,7 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
                "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f,\"lora\":%d,\"optimizer_state_mb\":%.2f}\n",
                bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_bf16_act, g_graph, g_retain, g_release, per * 1e3, best * 1e3, is_lm(b) ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
-               (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0, is_lm(b) ? g_lora : 0, state_mb(opt));
+               (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0, is_lm(b) ? g_lora : 0, (double)dtr_optimizer_state_bytes(opt) / 1048576.0);
     }
     dtr_metrics_destroy(met);
     dtr_graph_destroy(graph);

@@ -85,15 +85,6 @@ FM_FN dtr_result ft_adapt(fm_net *net, const char *path, int64_t *trainable, int
     return DTR_OK;
 }
 
-/* AdamW's moment bytes (its state entries 3 and on) */
-FM_FN size_t ft_state_bytes(dtr_optimizer *o) {
-    dtr_state_entry e;
-    size_t b = 0;
-    int i;
-    for (i = 3; dtr_optimizer_state(o, i, &e) == DTR_OK; i++) b += e.bytes;
-    return b;
-}
-
 /* fine-tunes the adapters of `tuned` on the negatives for `steps`, merges them, saves the
    merged weights at merged_path and scores them in a plain MLP */
 FM_FN dtr_result ft_tune_merge(dtr_context *ctx, fm_net *tuned, const float *negx, const dtr_mnist *d, const float *neg_test,
@@ -105,7 +96,7 @@ FM_FN dtr_result ft_tune_merge(dtr_context *ctx, fm_net *tuned, const float *neg
     dtr_result r;
     oc.weight_decay = 0.0f;
     if ((r = dtr_optimizer_create(tuned->model, &oc, &opt)) != DTR_OK) return r;
-    rep->state_bytes = ft_state_bytes(opt);
+    rep->state_bytes = dtr_optimizer_state_bytes(opt);
     r = ft_train(ctx, tuned, opt, negx, d->train_y, d->train_n, steps, 11);
     dtr_optimizer_destroy(opt);
     if (r == DTR_OK) r = fm_batch_alloc(&b, 500);

@@ -112,15 +112,6 @@ static int dp_err(int rank, const char *what, dtr_result r, const char *msg) {
 
 /* ---- one rank's training ---- */
 
-/* the bytes of the optimizer's moment buffers (state entries 3 and on) */
-static size_t dp_state_bytes(dtr_optimizer *opt) {
-    dtr_state_entry e;
-    size_t b = 0;
-    int i;
-    for (i = 3; dtr_optimizer_state(opt, i, &e) == DTR_OK; i++) b += e.bytes;
-    return b;
-}
-
 static dtr_tensor *dp_forward(dtr_context *ctx, const void *net, dtr_tensor *x) {
     return fm_net_forward(ctx, (const fm_net *)net, x);
 }
@@ -274,7 +265,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
         res->buckets = dtr_dp_bucket_count(dp);
         res->overlapped = dtr_dp_overlapped_buckets(dp);
         dtr_dp_get_stats(dp, &res->stats);
-        res->opt_state_bytes = dp_state_bytes(opt);
+        res->opt_state_bytes = dtr_optimizer_state_bytes(opt);
         if ((r = fm_evaluate(ctx, &net, data->test_x, data->test_y, data->test_n, &eval, &res->test_acc)) != DTR_OK) {
             dp_err(rank, "evaluation", r, dtr_context_last_error(ctx));
             goto done;

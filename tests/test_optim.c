@@ -675,6 +675,7 @@ static void frozen_case(dtr_optimizer_kind kind) {
     fz_read(a.l3.weight, pa, 16), fz_read(b.l3.weight, pb, 16);
     CHECK(memcmp(pa, pb, 16 * sizeof(float)) == 0);
     CHECK_EQ_INT(test_moment_bytes(oa), test_moment_bytes(ob));   /* no state for l2 */
+    CHECK_EQ_INT(dtr_optimizer_state_bytes(oa), test_moment_bytes(ob));
     CHECK_OK(ctx, dtr_model_set_trainable(a.m, NULL, 0, 1));   /* everything trainable again */
     fz_carried(a.m, oa, ob);
     fz_step(ctx, &a, oa, NULL, NULL, 9);

@@ -334,6 +334,12 @@ float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
     return NULL;
 }
 
+size_t dtr_optimizer_state_bytes(dtr_optimizer *o) {
+    int n = 0;
+    if (!dtr_optimizer_moments(o, 0, &n)) return 0;
+    return (size_t)n * (size_t)o->map.floats * sizeof(float);
+}
+
 /* ---- clipping ---- */
 
 /* the whole model's gradient norm (tensor-parallel shards summed over their group) */

@@ -1629,6 +1629,12 @@ DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
  *  lists every piece of the optimizer's state.
  *  Thread safety: the model's context thread. */
 DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
+/** The bytes the optimizer's moment buffers take (dtr_optimizer_moments' buffers: their count
+ *  times the trainable floats of its range times 4): what the optimizer's state costs in
+ *  memory, the figure ZeRO divides by the world and frozen parameters leave out. 0 for NULL,
+ *  SGD without momentum, or when the state cannot be laid out. Thread safety: the model's
+ *  context thread. */
+DTR_API size_t dtr_optimizer_state_bytes(dtr_optimizer *opt);
 /** One update over the range [begin, end) of the parameter buffer (offsets as
  *  dtr_model_param_offset gives them): what a sharded optimizer (ZeRO) or a parameter-server
  *  shard runs on its part. Parameters and moments inside the range change exactly as the
