@@ -115,7 +115,8 @@ dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *l) {
     if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
     if (rc == DTR_OK) dtr__lora_fold(w, w + nw, w + nw + na, l->out, l->in, r, l->lora_scale);
     if (rc == DTR_OK) rc = dtr_tensor_write(l->weight, DTR_F32, w, (size_t)nw);
-    if (rc == DTR_OK) memset(w + nw + na, 0, (size_t)nb * sizeof(float)), rc = dtr_tensor_write(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
+    memset(w + nw + na, 0, (size_t)nb * sizeof(float));   /* B = 0: the layer's output stays */
+    if (rc == DTR_OK) rc = dtr_tensor_write(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
     dtr__free(&ctx->alloc, w);
     return rc;
 }

@@ -237,13 +237,17 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     return DTR_OK;
 }
 
-/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go) */
+/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go);
+   without weight decay every flag is 1, so the exceptions split no run */
 static dtr_result dtr__decay_flags(dtr_optimizer *o) {
     dtr_context *ctx = dtr_model_context(o->model);
     int np = dtr_model_param_count(o->model), i;
     o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
     if (!o->decays) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
-    for (i = 0; i < np; i++) o->some_no_decay |= !(o->decays[i] = (unsigned char)dtr__decays(o->model, &o->cfg, i));
+    for (i = 0; i < np; i++) {
+        o->decays[i] = (unsigned char)(o->cfg.weight_decay == 0.0f || dtr__decays(o->model, &o->cfg, i));
+        o->some_no_decay |= !o->decays[i];
+    }
     o->cfg.no_decay = NULL, o->cfg.n_no_decay = 0;
     return DTR_OK;
 }
