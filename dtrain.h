@@ -988,7 +988,8 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  stays (a gradient of zeros under data parallelism). Takes effect at the next backward and
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
- *  trainable ones start from zero). Call it alike on every rank's model (data-parallel ranks,
+ *  trainable ones start from zero and count their own steps from 1, as torch.optim's
+ *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Call it alike on every rank's model (data-parallel ranks,
  *  parameter servers, stages). LAMB over a ZeRO shard refuses frozen parameters
  *  (DTR_UNSUPPORTED at the step), and so does restoring ZeRO shards of an optimizer over frozen
  *  parameters on another number of ranks.
@@ -1675,7 +1676,11 @@ DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, i
 /** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,
  *  micro-batches since the last update), "schedule" (its dtr_schedule, which
  *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
- *  (dtr_model_numel floats each, device memory on a device backend).
+ *  (the trainable floats of its range each, see dtr_optimizer_moments; device memory on a
+ *  device backend), and last "started" (int64 per parameter: the update count its state started
+ *  at, -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
+ *  the model's trainable set). dtr_ckpt restores a checkpoint written before "started" existed
+ *  with every trainable parameter started at 0.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_entry *out);
@@ -4834,7 +4839,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4838 "dtrain.h"
+#line 4843 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5751,7 +5756,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5755 "dtrain.h"
+#line 5760 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6249,7 +6254,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6253 "dtrain.h"
+#line 6258 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6311,7 +6316,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6315 "dtrain.h"
+#line 6320 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6690,7 +6695,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6694 "dtrain.h"
+#line 6699 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6733,7 +6738,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6737 "dtrain.h"
+#line 6742 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6767,7 +6772,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6771 "dtrain.h"
+#line 6776 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6826,7 +6831,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6830 "dtrain.h"
+#line 6835 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6900,7 +6905,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6904 "dtrain.h"
+#line 6909 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6968,7 +6973,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6972 "dtrain.h"
+#line 6977 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7043,7 +7048,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7047 "dtrain.h"
+#line 7052 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7395,7 +7400,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7399 "dtrain.h"
+#line 7404 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8358,7 +8363,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8362 "dtrain.h"
+#line 8367 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9033,7 +9038,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9037 "dtrain.h"
+#line 9042 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9124,7 +9129,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9128 "dtrain.h"
+#line 9133 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9606,7 +9611,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9610 "dtrain.h"
+#line 9615 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9861,7 +9866,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9865 "dtrain.h"
+#line 9870 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10094,7 +10099,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10098 "dtrain.h"
+#line 10103 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10213,7 +10218,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10217 "dtrain.h"
+#line 10222 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10269,7 +10274,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10273 "dtrain.h"
+#line 10278 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10667,7 +10672,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10671 "dtrain.h"
+#line 10676 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10932,7 +10937,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10936 "dtrain.h"
+#line 10941 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11496,7 +11501,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11500 "dtrain.h"
+#line 11505 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11678,7 +11683,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11682 "dtrain.h"
+#line 11687 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13308,7 +13313,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13312 "dtrain.h"
+#line 13317 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14215,7 +14220,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14219 "dtrain.h"
+#line 14224 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14477,7 +14482,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14481 "dtrain.h"
+#line 14486 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14878,7 +14883,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14882 "dtrain.h"
+#line 14887 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15012,7 +15017,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15016 "dtrain.h"
+#line 15021 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15836,7 +15841,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15840 "dtrain.h"
+#line 15845 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16295,7 +16300,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16299 "dtrain.h"
+#line 16304 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16571,7 +16576,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16575 "dtrain.h"
+#line 16580 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16808,7 +16813,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16812 "dtrain.h"
+#line 16817 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17063,7 +17068,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17067 "dtrain.h"
+#line 17072 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17086,12 +17091,12 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
 #endif
 
 /* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
-   buffers (parameters alike in weight decay), its state from float at[r] on; frozen
-   parameters (dtr_model_set_trainable) have none. Without frozen parameters and decay
-   exceptions, one run: the optimizer's whole range. */
+   buffers (parameters alike in weight decay and in the update their state started at), its
+   state from float at[r] on; frozen parameters (dtr_model_set_trainable) have none. Without
+   frozen parameters and decay exceptions, one run: the optimizer's whole range. */
 typedef struct dtr__state_map {
     int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
-    unsigned char *decay;     /* 1: the run's parameters take weight decay (dtr__decays) */
+    int *first;               /* the run's first parameter (its decay flag and start stand for the run's) */
     int n;
     int64_t floats;           /* the runs' total: the length of each state buffer */
     unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
@@ -17103,6 +17108,9 @@ struct dtr_optimizer {
     float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
+    int64_t *started;         /* per parameter, the update count when its state started (-1: frozen,
+                                 none): its bias correction and first step count from there, as
+                                 torch.optim counts a step per parameter */
     int some_no_decay;        /* some parameter does not */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
     dtr__state_map map;
@@ -17217,8 +17225,13 @@ static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int 
     return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
 }
 
-/* map's runs: consecutive trainable parameters alike in decay (from the first one's offset to
-   the next parameter's: the padding between them included), inside [base, base + len) */
+/* Parameters i and j share a run of state: both trainable, alike in decay and start. */
+static int dtr__same_run(const dtr_optimizer *o, int i, int j) {
+    return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i];
+}
+
+/* map's runs: consecutive trainable parameters alike in decay and start (from the first one's
+   offset to the next parameter's: the padding between them included), inside [base, base + len) */
 static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
     int64_t lo = o->base, hi = o->base + o->len;
     int np = dtr_model_param_count(o->model), i = 0, j;
@@ -17227,18 +17240,18 @@ static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
     for (; i < np; i = j) {
         int64_t rb = dtr_model_param_offset(o->model, i), re;
         if (!dtr_model_param_trainable(o->model, i)) { j = i + 1; continue; }
-        for (j = i + 1; j < np && dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i]; j++) {}
+        for (j = i + 1; j < np && dtr__same_run(o, i, j); j++) {}
         re = j < np ? dtr_model_param_offset(o->model, j) : dtr_model_numel(o->model);
         rb = rb > lo ? rb : lo, re = re < hi ? re : hi;
         if (rb >= re) continue;
-        map->lo[map->n] = rb, map->hi[map->n] = re, map->decay[map->n] = o->decays[i], map->at[map->n++] = map->floats;
+        map->lo[map->n] = rb, map->hi[map->n] = re, map->first[map->n] = i, map->at[map->n++] = map->floats;
         map->floats += re - rb;
     }
 }
 
 static void dtr__map_free(dtr_context *ctx, dtr__state_map *map) {
     dtr__free(&ctx->alloc, map->lo), dtr__free(&ctx->alloc, map->hi), dtr__free(&ctx->alloc, map->at);
-    dtr__free(&ctx->alloc, map->decay);
+    dtr__free(&ctx->alloc, map->first);
     memset(map, 0, sizeof *map);
 }
 
@@ -17276,9 +17289,19 @@ static dtr_result dtr__state_alloc(dtr_optimizer *o, int64_t floats, float *buf[
     return DTR_OK;
 }
 
+/* o->started for the model's trainable set: newly trainable parameters start at this update,
+   frozen ones hold no state (-1), the others keep theirs */
+static void dtr__mark_started(dtr_optimizer *o) {
+    int i;
+    for (i = 0; i < dtr_model_param_count(o->model); i++)
+        if (!dtr_model_param_trainable(o->model, i)) o->started[i] = -1;
+        else if (o->started[i] < 0) o->started[i] = o->steps;
+}
+
 /* Lays the state out for the model's trainable set, at create and again after it changed
    (dtr_model_set_trainable after dtr_optimizer_create): the moments of floats trainable before
-   and now are carried over, newly trainable ones start from zero, frozen ones hold none. */
+   and now are carried over, newly trainable ones start from zero (and from step 1 of their bias
+   correction), frozen ones hold none. */
 static dtr_result dtr__layout(dtr_optimizer *o) {
     dtr_context *ctx = dtr_model_context(o->model);
     size_t cap = (size_t)(dtr_model_param_count(o->model) + 1) * sizeof(int64_t);
@@ -17288,9 +17311,9 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     if (o->map.lo && o->map.gen == dtr__model_trainable_gen(o->model)) return DTR_OK;
     memset(&map, 0, sizeof map);
     map.lo = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.hi = (int64_t *)dtr__malloc(&ctx->alloc, cap);
-    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.decay = (unsigned char *)dtr__malloc(&ctx->alloc, cap);
-    if (!map.lo || !map.hi || !map.at || !map.decay) r = DTR_OUT_OF_MEMORY;
-    if (r == DTR_OK) dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
+    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.first = (int *)dtr__malloc(&ctx->alloc, cap);
+    if (!map.lo || !map.hi || !map.at || !map.first) r = DTR_OUT_OF_MEMORY;
+    if (r == DTR_OK) dtr__mark_started(o), dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
     if (r == DTR_OK && o->m) r = dtr__map_carry(ctx, &o->map, o->m, &map, buf[0]);
     if (r == DTR_OK && o->v) r = dtr__map_carry(ctx, &o->map, o->v, &map, buf[1]);
     if (r != DTR_OK) {
@@ -17306,14 +17329,17 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     return DTR_OK;
 }
 
-/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go);
-   without weight decay every flag is 1, so the exceptions split no run */
-static dtr_result dtr__decay_flags(dtr_optimizer *o) {
+/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go;
+   without weight decay every flag is 1, so the exceptions split no run), o->started empty */
+static dtr_result dtr__param_flags(dtr_optimizer *o) {
     dtr_context *ctx = dtr_model_context(o->model);
     int np = dtr_model_param_count(o->model), i;
     o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
-    if (!o->decays) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->started = (int64_t *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(int64_t));
+    if (!o->decays || !o->started) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->started[np] = -1;
     for (i = 0; i < np; i++) {
+        o->started[i] = -1;
         o->decays[i] = (unsigned char)(o->cfg.weight_decay == 0.0f || dtr__decays(o->model, &o->cfg, i));
         o->some_no_decay |= !o->decays[i];
     }
@@ -17352,7 +17378,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
     o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
               : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
-    if ((r = dtr__decay_flags(o)) != DTR_OK) {
+    if ((r = dtr__param_flags(o)) != DTR_OK) {
         dtr_optimizer_destroy(o);
         return r;
     }
@@ -17388,6 +17414,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->seg_param);
     dtr__free(&ctx->alloc, o->run_seg);
     dtr__free(&ctx->alloc, o->decays);
+    dtr__free(&ctx->alloc, o->started);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -17590,6 +17617,13 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
+/* a's step for run r: its parameters' own update count, from 1 (torch.optim's state["step"]) */
+static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int r) {
+    int64_t started = o->started[o->map.first[r]];
+    a->first = o->steps == started;
+    a->step = o->steps - started + 1;
+}
+
 /* a's buffers for run r of the state map: the run's parameters, gradients and state */
 static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     int64_t lo = o->map.lo[r], at = o->map.at[r];
@@ -17598,12 +17632,21 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->m = o->m ? o->m + at : NULL;
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
-    a->weight_decay = o->map.decay[r] ? o->cfg.weight_decay : 0.0f;
+    a->weight_decay = o->decays[o->map.first[r]] ? o->cfg.weight_decay : 0.0f;
+    dtr__run_step(o, a, r);
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
         a->seg_begin = o->seg_begin + o->run_seg[r];
         a->seg_end = o->seg_end + o->run_seg[r];
     }
+}
+
+/* every parameter's state started at the same update (the same answer on every rank) */
+static int dtr__started_together(const dtr_optimizer *o) {
+    int i;
+    for (i = 1; i < dtr_model_param_count(o->model); i++)
+        if (o->started[i] != o->started[0]) return 0;
+    return 1;
 }
 
 /* The update over [begin, end), one call a run of trainable parameters: frozen ones
@@ -17613,10 +17656,11 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     int k;
     dtr_result r = DTR_OK;
     if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
-        if (dtr__model_frozen(o->model) || o->some_no_decay)
+        if (dtr__model_frozen(o->model) || o->some_no_decay || !dtr__started_together(o))
             return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
-                             "(dtr_model_set_trainable) or parameters without weight decay is not supported; use Adam "
-                             "or AdamW");
+                             "(dtr_model_set_trainable), parameters without weight decay, or parameters unfrozen "
+                             "after others' first update is not supported; use Adam or AdamW");
+        a->first = o->steps == o->started[0], a->step = o->steps - o->started[0] + 1;
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
@@ -17760,15 +17804,35 @@ dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out
     if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, sizeof o->cfg.schedule, 0);
     if (index == 3 && o->m) return dtr__state_put(out, "m", o->m, bytes, dev);
     if (index == 4 && o->v) return dtr__state_put(out, "v", o->v, bytes, dev);
+    if (index == 3 + o->nbuf)   /* last: files from before it lack it */
+        return dtr__state_put(out, "started", o->started, (size_t)dtr_model_param_count(o->model) * sizeof(int64_t), 0);
     return DTR_NOT_FOUND;
 }
 
+/* The loaded starts fit the loaded step count and the model's trainable set. */
+static dtr_result dtr__check_started(dtr_optimizer *o) {
+    int i;
+    for (i = 0; i < dtr_model_param_count(o->model); i++) {
+        int trainable = dtr_model_param_trainable(o->model, i);
+        if (o->started[i] < -1 || o->started[i] > o->steps || (o->started[i] >= 0) != trainable)
+            return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: parameter "
+                             "'%s' %s, its state started at update %lld (of %lld): saved with other trainable "
+                             "parameters (dtr_model_set_trainable), or corrupt", dtr_tensor_name(dtr_model_param_at(o->model, i)),
+                             trainable ? "is trainable" : "is frozen", (long long)o->started[i], (long long)o->steps);
+    }
+    return DTR_OK;
+}
+
 dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
+    dtr_result r;
     if (!o) return DTR_NULL_HANDLE;
     if (o->steps < 0 || o->micro < 0 || o->micro >= o->cfg.grad_accum_steps)
         return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE,
                          "dtr_optimizer_state_loaded: steps %lld / micro %d do not fit this optimizer", (long long)o->steps,
                          o->micro);
+    if ((r = dtr__layout(o)) != DTR_OK || (r = dtr__check_started(o)) != DTR_OK) return r;
+    dtr__map_fill(o, &o->map);   /* the runs split where the starts differ; the state stays where it is */
+    if (o->run_seg) dtr__lamb_segments(o);
     return DTR_OK;
 }
 
@@ -17782,7 +17846,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17786 "dtrain.h"
+#line 17850 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17920,7 +17984,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17924 "dtrain.h"
+#line 17988 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18267,7 +18331,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18271 "dtrain.h"
+#line 18335 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18333,7 +18397,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18337 "dtrain.h"
+#line 18401 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18570,7 +18634,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18574 "dtrain.h"
+#line 18638 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19319,7 +19383,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19323 "dtrain.h"
+#line 19387 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19772,7 +19836,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19776 "dtrain.h"
+#line 19840 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19828,7 +19892,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19832 "dtrain.h"
+#line 19896 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20670,7 +20734,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20674 "dtrain.h"
+#line 20738 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21251,7 +21315,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21255 "dtrain.h"
+#line 21319 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21882,7 +21946,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21886 "dtrain.h"
+#line 21950 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22678,7 +22742,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22682 "dtrain.h"
+#line 22746 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23031,7 +23095,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23035 "dtrain.h"
+#line 23099 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23221,7 +23285,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23225 "dtrain.h"
+#line 23289 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23402,7 +23466,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23406 "dtrain.h"
+#line 23470 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24177,7 +24241,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24181 "dtrain.h"
+#line 24245 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24694,7 +24758,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24698 "dtrain.h"
+#line 24762 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25489,7 +25553,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25493 "dtrain.h"
+#line 25557 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26737,7 +26801,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26741 "dtrain.h"
+#line 26805 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27359,7 +27423,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27363 "dtrain.h"
+#line 27427 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27860,7 +27924,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27864 "dtrain.h"
+#line 27928 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28590,7 +28654,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28594 "dtrain.h"
+#line 28658 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28826,7 +28890,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28830 "dtrain.h"
+#line 28894 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -28955,7 +29019,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 28959 "dtrain.h"
+#line 29023 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29392,7 +29456,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29396 "dtrain.h"
+#line 29460 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29885,7 +29949,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29889 "dtrain.h"
+#line 29953 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30434,7 +30498,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30438 "dtrain.h"
+#line 30502 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -30940,7 +31004,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 30944 "dtrain.h"
+#line 31008 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32492,7 +32556,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32496 "dtrain.h"
+#line 32560 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32546,7 +32610,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32550 "dtrain.h"
+#line 32614 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33589,6 +33653,8 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
     }
     if (!same && o->kind == DTR__CK_DP && !dtr__ck_has(&s->m->files[k], d->name))   /* saved without an engine */
         return dtr__ck_copy(ck, d, ck->stage + d->off, 0);
+    if (o->kind == DTR__CK_OPT && strcmp(d->name, "optimizer/started") == 0 && !dtr__ck_has(&s->m->files[k], d->name))
+        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);   /* a file from before per-parameter steps: as created */
     if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
     if (bytes != d->e.bytes) return dtr__ck_size_err(ck, s, k, d, bytes);
     memcpy(ck->stage + d->off, src, d->e.bytes);
@@ -33736,7 +33802,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33740 "dtrain.h"
+#line 33806 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34639,7 +34705,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34643 "dtrain.h"
+#line 34709 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36117,7 +36183,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36121 "dtrain.h"
+#line 36187 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36510,7 +36576,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36514 "dtrain.h"
+#line 36580 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36659,7 +36725,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36663 "dtrain.h"
+#line 36729 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

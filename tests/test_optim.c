@@ -12,7 +12,9 @@
  * NULL handles; frozen parameters (test_frozen: no gradient, no update even by weight decay, the
  * others as if the frozen ones were constants, no moments for them; unfreezing keeps the others'
  * moments); weight decay on matrices only against torch's two param groups (the fixtures'
- * *_decay_matrices cases) and by name (test_no_decay: "*bias" gives the same bits). */
+ * *_decay_matrices cases) and by name (test_no_decay: "*bias" gives the same bits); a parameter
+ * unfrozen after others' updates counts its own steps, as in torch (the *_thaw cases), and keeps
+ * counting them through a save and load of the optimizer's state (test_thaw_state). */
 #include "test.h"
 #include "fixtures/optim_fixtures.h"
 
@@ -83,12 +85,19 @@ static void fx_close(fx *f) {
     dtr_context_destroy(f->ctx);
 }
 
-/* Adds scale * (fixture gradient `step`) into the model's gradient buffer. */
+/* Adds scale * (fixture gradient `step`) into the model's gradient buffer (p1's while it is
+   trainable). */
 static void fx_add_grad(fx *f, int step, float scale) {
     float *g = dtr_model_grads(f->m);
     int i;
     for (i = 0; i < OPTF_N0; i++) g[f->off0 + i] += scale * optf_grad0[step * OPTF_N0 + i];
-    for (i = 0; i < OPTF_N1; i++) g[f->off1 + i] += scale * optf_grad1[step * OPTF_N1 + i];
+    for (i = 0; dtr_model_param_trainable(f->m, 1) && i < OPTF_N1; i++) g[f->off1 + i] += scale * optf_grad1[step * OPTF_N1 + i];
+}
+
+/* The thaw cases: p1 frozen before update c->thaw, trainable from it. */
+static void fx_thaw(fx *f, const optf_case *c, int step) {
+    static const char *p1[1] = {"p1"};
+    if (c->thaw > 0 && step <= c->thaw) CHECK_OK(f->ctx, dtr_model_set_trainable(f->m, p1, 1, step == c->thaw));
 }
 
 static void fx_read(fx *f, float *p0, float *p1) {
@@ -125,9 +134,11 @@ static void run_case(const optf_case *c) {
     double worst = 0.0, e;
     int s, k, count = -1, updated;
     fx_open(&f);
+    fx_thaw(&f, c, 0);
     CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
     if (!opt) { fx_close(&f); return; }
     for (s = 0; s < OPTF_STEPS; s++) {
+        fx_thaw(&f, c, s);
         fx_add_grad(&f, s, 1.0f);
         CHECK_EQ_INT(dtr_optimizer_steps(opt), s);
         CHECK_MSG(rel_err(dtr_optimizer_lr(opt), c->lrs[s]) <= 1e-6, "%s: lr of update %d is %.9g, torch used %.9g",
@@ -170,6 +181,68 @@ static void run_case(const optf_case *c) {
 static void test_against_torch(void) {
     int i;
     for (i = 0; i < OPTF_NCASES; i++) run_case(&optf_cases[i]);
+}
+
+static const optf_case *find_case(const char *name) {
+    int i;
+    for (i = 0; i < OPTF_NCASES; i++)
+        if (!strcmp(optf_cases[i].name, name)) return &optf_cases[i];
+    return NULL;
+}
+
+/* Copies every state entry of `from` into `to` (host memory), as a checkpoint would. */
+static void copy_state(dtr_optimizer *from, dtr_optimizer *to) {
+    dtr_state_entry a, b;
+    int i;
+    for (i = 0; dtr_optimizer_state(from, i, &a) == DTR_OK; i++) {
+        CHECK(dtr_optimizer_state(to, i, &b) == DTR_OK && !strcmp(a.name, b.name) && a.bytes == b.bytes);
+        if (!strcmp(a.name, b.name) && a.bytes == b.bytes) memcpy(b.data, a.data, a.bytes);
+    }
+    CHECK(dtr_optimizer_state(to, i, &b) == DTR_NOT_FOUND);
+}
+
+/* adamw_thaw stopped after update 4 (p1 unfrozen at 3) and resumed in a new model and optimizer
+   from the state entries: update 5 is torch's, so p1 still counts its own steps ("started");
+   a start the state cannot have is refused */
+static void test_thaw_state(void) {
+    const optf_case *c = find_case("adamw_thaw");
+    dtr_optimizer_config cfg;
+    dtr_optimizer *o1 = NULL, *o2 = NULL;
+    dtr_state_entry e;
+    float p0[OPTF_N0], p1[OPTF_N1];
+    fx a, b;
+    int s, i;
+    CHECK(c != NULL);
+    if (!c) return;
+    cfg = case_config(c);
+    fx_open(&a), fx_open(&b);
+    fx_thaw(&a, c, 0);
+    CHECK_OK(a.ctx, dtr_optimizer_create(a.m, &cfg, &o1));
+    CHECK_OK(b.ctx, dtr_optimizer_create(b.m, &cfg, &o2));
+    for (s = 0; s < OPTF_STEPS - 1; s++) {
+        fx_thaw(&a, c, s);
+        fx_add_grad(&a, s, 1.0f);
+        CHECK_OK(a.ctx, dtr_optimizer_step(o1, NULL));
+    }
+    fx_read(&a, p0, p1);
+    CHECK_OK(b.ctx, dtr_tensor_write(b.p0, DTR_F32, p0, OPTF_N0));
+    CHECK_OK(b.ctx, dtr_tensor_write(b.p1, DTR_F32, p1, OPTF_N1));
+    copy_state(o1, o2);
+    CHECK_OK(b.ctx, dtr_optimizer_state_loaded(o2));
+    fx_add_grad(&b, OPTF_STEPS - 1, 1.0f);
+    CHECK_OK(b.ctx, dtr_optimizer_step(o2, NULL));
+    fx_read(&b, p0, p1);
+    check_close("adamw_thaw resumed p0", OPTF_STEPS - 1, p0, c->p0 + (OPTF_STEPS - 1) * OPTF_N0, OPTF_N0);
+    check_close("adamw_thaw resumed p1", OPTF_STEPS - 1, p1, c->p1 + (OPTF_STEPS - 1) * OPTF_N1, OPTF_N1);
+    for (i = 0; dtr_optimizer_state(o2, i, &e) == DTR_OK && strcmp(e.name, "started"); i++) {}
+    CHECK(e.bytes == 2 * sizeof(int64_t) && ((int64_t *)e.data)[0] == 0 && ((int64_t *)e.data)[1] == c->thaw);
+    ((int64_t *)e.data)[1] = -1;   /* frozen, but p1 is trainable */
+    CHECK(dtr_optimizer_state_loaded(o2) == DTR_CORRUPT_FILE && strstr(dtr_context_last_error(b.ctx), "'p1'"));
+    ((int64_t *)e.data)[1] = OPTF_STEPS + 1;   /* after the last update */
+    CHECK(dtr_optimizer_state_loaded(o2) == DTR_CORRUPT_FILE);
+    dtr_context_clear_error(b.ctx);
+    dtr_optimizer_destroy(o1), dtr_optimizer_destroy(o2);
+    fx_close(&a), fx_close(&b);
 }
 
 /* The padding between parameters in the shared buffer must stay untouched (zero). */
@@ -734,6 +807,7 @@ int main(void) {
     RUN(test_backward_then_step);
     RUN(test_lamb_zero_param);
     RUN(test_frozen);
+    RUN(test_thaw_state);
     RUN(test_no_decay);
     RUN(test_config_defaults);
     RUN(test_invalid_configs);

@@ -1037,6 +1037,8 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
     }
     if (!same && o->kind == DTR__CK_DP && !dtr__ck_has(&s->m->files[k], d->name))   /* saved without an engine */
         return dtr__ck_copy(ck, d, ck->stage + d->off, 0);
+    if (o->kind == DTR__CK_OPT && strcmp(d->name, "optimizer/started") == 0 && !dtr__ck_has(&s->m->files[k], d->name))
+        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);   /* a file from before per-parameter steps: as created */
     if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
     if (bytes != d->e.bytes) return dtr__ck_size_err(ck, s, k, d, bytes);
     memcpy(ck->stage + d->off, src, d->e.bytes);

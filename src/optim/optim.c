@@ -17,12 +17,12 @@
 #endif
 
 /* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
-   buffers (parameters alike in weight decay), its state from float at[r] on; frozen
-   parameters (dtr_model_set_trainable) have none. Without frozen parameters and decay
-   exceptions, one run: the optimizer's whole range. */
+   buffers (parameters alike in weight decay and in the update their state started at), its
+   state from float at[r] on; frozen parameters (dtr_model_set_trainable) have none. Without
+   frozen parameters and decay exceptions, one run: the optimizer's whole range. */
 typedef struct dtr__state_map {
     int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
-    unsigned char *decay;     /* 1: the run's parameters take weight decay (dtr__decays) */
+    int *first;               /* the run's first parameter (its decay flag and start stand for the run's) */
     int n;
     int64_t floats;           /* the runs' total: the length of each state buffer */
     unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
@@ -34,6 +34,9 @@ struct dtr_optimizer {
     float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
+    int64_t *started;         /* per parameter, the update count when its state started (-1: frozen,
+                                 none): its bias correction and first step count from there, as
+                                 torch.optim counts a step per parameter */
     int some_no_decay;        /* some parameter does not */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
     dtr__state_map map;
@@ -148,8 +151,13 @@ static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int 
     return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
 }
 
-/* map's runs: consecutive trainable parameters alike in decay (from the first one's offset to
-   the next parameter's: the padding between them included), inside [base, base + len) */
+/* Parameters i and j share a run of state: both trainable, alike in decay and start. */
+static int dtr__same_run(const dtr_optimizer *o, int i, int j) {
+    return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i];
+}
+
+/* map's runs: consecutive trainable parameters alike in decay and start (from the first one's
+   offset to the next parameter's: the padding between them included), inside [base, base + len) */
 static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
     int64_t lo = o->base, hi = o->base + o->len;
     int np = dtr_model_param_count(o->model), i = 0, j;
@@ -158,18 +166,18 @@ static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
     for (; i < np; i = j) {
         int64_t rb = dtr_model_param_offset(o->model, i), re;
         if (!dtr_model_param_trainable(o->model, i)) { j = i + 1; continue; }
-        for (j = i + 1; j < np && dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i]; j++) {}
+        for (j = i + 1; j < np && dtr__same_run(o, i, j); j++) {}
         re = j < np ? dtr_model_param_offset(o->model, j) : dtr_model_numel(o->model);
         rb = rb > lo ? rb : lo, re = re < hi ? re : hi;
         if (rb >= re) continue;
-        map->lo[map->n] = rb, map->hi[map->n] = re, map->decay[map->n] = o->decays[i], map->at[map->n++] = map->floats;
+        map->lo[map->n] = rb, map->hi[map->n] = re, map->first[map->n] = i, map->at[map->n++] = map->floats;
         map->floats += re - rb;
     }
 }
 
 static void dtr__map_free(dtr_context *ctx, dtr__state_map *map) {
     dtr__free(&ctx->alloc, map->lo), dtr__free(&ctx->alloc, map->hi), dtr__free(&ctx->alloc, map->at);
-    dtr__free(&ctx->alloc, map->decay);
+    dtr__free(&ctx->alloc, map->first);
     memset(map, 0, sizeof *map);
 }
 
@@ -207,9 +215,19 @@ static dtr_result dtr__state_alloc(dtr_optimizer *o, int64_t floats, float *buf[
     return DTR_OK;
 }
 
+/* o->started for the model's trainable set: newly trainable parameters start at this update,
+   frozen ones hold no state (-1), the others keep theirs */
+static void dtr__mark_started(dtr_optimizer *o) {
+    int i;
+    for (i = 0; i < dtr_model_param_count(o->model); i++)
+        if (!dtr_model_param_trainable(o->model, i)) o->started[i] = -1;
+        else if (o->started[i] < 0) o->started[i] = o->steps;
+}
+
 /* Lays the state out for the model's trainable set, at create and again after it changed
    (dtr_model_set_trainable after dtr_optimizer_create): the moments of floats trainable before
-   and now are carried over, newly trainable ones start from zero, frozen ones hold none. */
+   and now are carried over, newly trainable ones start from zero (and from step 1 of their bias
+   correction), frozen ones hold none. */
 static dtr_result dtr__layout(dtr_optimizer *o) {
     dtr_context *ctx = dtr_model_context(o->model);
     size_t cap = (size_t)(dtr_model_param_count(o->model) + 1) * sizeof(int64_t);
@@ -219,9 +237,9 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     if (o->map.lo && o->map.gen == dtr__model_trainable_gen(o->model)) return DTR_OK;
     memset(&map, 0, sizeof map);
     map.lo = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.hi = (int64_t *)dtr__malloc(&ctx->alloc, cap);
-    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.decay = (unsigned char *)dtr__malloc(&ctx->alloc, cap);
-    if (!map.lo || !map.hi || !map.at || !map.decay) r = DTR_OUT_OF_MEMORY;
-    if (r == DTR_OK) dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
+    map.at = (int64_t *)dtr__malloc(&ctx->alloc, cap), map.first = (int *)dtr__malloc(&ctx->alloc, cap);
+    if (!map.lo || !map.hi || !map.at || !map.first) r = DTR_OUT_OF_MEMORY;
+    if (r == DTR_OK) dtr__mark_started(o), dtr__map_fill(o, &map), r = dtr__state_alloc(o, map.floats, buf);
     if (r == DTR_OK && o->m) r = dtr__map_carry(ctx, &o->map, o->m, &map, buf[0]);
     if (r == DTR_OK && o->v) r = dtr__map_carry(ctx, &o->map, o->v, &map, buf[1]);
     if (r != DTR_OK) {
@@ -237,14 +255,17 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     return DTR_OK;
 }
 
-/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go);
-   without weight decay every flag is 1, so the exceptions split no run */
-static dtr_result dtr__decay_flags(dtr_optimizer *o) {
+/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go;
+   without weight decay every flag is 1, so the exceptions split no run), o->started empty */
+static dtr_result dtr__param_flags(dtr_optimizer *o) {
     dtr_context *ctx = dtr_model_context(o->model);
     int np = dtr_model_param_count(o->model), i;
     o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
-    if (!o->decays) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->started = (int64_t *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(int64_t));
+    if (!o->decays || !o->started) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->started[np] = -1;
     for (i = 0; i < np; i++) {
+        o->started[i] = -1;
         o->decays[i] = (unsigned char)(o->cfg.weight_decay == 0.0f || dtr__decays(o->model, &o->cfg, i));
         o->some_no_decay |= !o->decays[i];
     }
@@ -283,7 +304,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
     o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
               : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
-    if ((r = dtr__decay_flags(o)) != DTR_OK) {
+    if ((r = dtr__param_flags(o)) != DTR_OK) {
         dtr_optimizer_destroy(o);
         return r;
     }
@@ -319,6 +340,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->seg_param);
     dtr__free(&ctx->alloc, o->run_seg);
     dtr__free(&ctx->alloc, o->decays);
+    dtr__free(&ctx->alloc, o->started);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -521,6 +543,13 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
+/* a's step for run r: its parameters' own update count, from 1 (torch.optim's state["step"]) */
+static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int r) {
+    int64_t started = o->started[o->map.first[r]];
+    a->first = o->steps == started;
+    a->step = o->steps - started + 1;
+}
+
 /* a's buffers for run r of the state map: the run's parameters, gradients and state */
 static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     int64_t lo = o->map.lo[r], at = o->map.at[r];
@@ -529,12 +558,21 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->m = o->m ? o->m + at : NULL;
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
-    a->weight_decay = o->map.decay[r] ? o->cfg.weight_decay : 0.0f;
+    a->weight_decay = o->decays[o->map.first[r]] ? o->cfg.weight_decay : 0.0f;
+    dtr__run_step(o, a, r);
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
         a->seg_begin = o->seg_begin + o->run_seg[r];
         a->seg_end = o->seg_end + o->run_seg[r];
     }
+}
+
+/* every parameter's state started at the same update (the same answer on every rank) */
+static int dtr__started_together(const dtr_optimizer *o) {
+    int i;
+    for (i = 1; i < dtr_model_param_count(o->model); i++)
+        if (o->started[i] != o->started[0]) return 0;
+    return 1;
 }
 
 /* The update over [begin, end), one call a run of trainable parameters: frozen ones
@@ -544,10 +582,11 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     int k;
     dtr_result r = DTR_OK;
     if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
-        if (dtr__model_frozen(o->model) || o->some_no_decay)
+        if (dtr__model_frozen(o->model) || o->some_no_decay || !dtr__started_together(o))
             return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
-                             "(dtr_model_set_trainable) or parameters without weight decay is not supported; use Adam "
-                             "or AdamW");
+                             "(dtr_model_set_trainable), parameters without weight decay, or parameters unfrozen "
+                             "after others' first update is not supported; use Adam or AdamW");
+        a->first = o->steps == o->started[0], a->step = o->steps - o->started[0] + 1;
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
@@ -691,15 +730,35 @@ dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out
     if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, sizeof o->cfg.schedule, 0);
     if (index == 3 && o->m) return dtr__state_put(out, "m", o->m, bytes, dev);
     if (index == 4 && o->v) return dtr__state_put(out, "v", o->v, bytes, dev);
+    if (index == 3 + o->nbuf)   /* last: files from before it lack it */
+        return dtr__state_put(out, "started", o->started, (size_t)dtr_model_param_count(o->model) * sizeof(int64_t), 0);
     return DTR_NOT_FOUND;
 }
 
+/* The loaded starts fit the loaded step count and the model's trainable set. */
+static dtr_result dtr__check_started(dtr_optimizer *o) {
+    int i;
+    for (i = 0; i < dtr_model_param_count(o->model); i++) {
+        int trainable = dtr_model_param_trainable(o->model, i);
+        if (o->started[i] < -1 || o->started[i] > o->steps || (o->started[i] >= 0) != trainable)
+            return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: parameter "
+                             "'%s' %s, its state started at update %lld (of %lld): saved with other trainable "
+                             "parameters (dtr_model_set_trainable), or corrupt", dtr_tensor_name(dtr_model_param_at(o->model, i)),
+                             trainable ? "is trainable" : "is frozen", (long long)o->started[i], (long long)o->steps);
+    }
+    return DTR_OK;
+}
+
 dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
+    dtr_result r;
     if (!o) return DTR_NULL_HANDLE;
     if (o->steps < 0 || o->micro < 0 || o->micro >= o->cfg.grad_accum_steps)
         return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE,
                          "dtr_optimizer_state_loaded: steps %lld / micro %d do not fit this optimizer", (long long)o->steps,
                          o->micro);
+    if ((r = dtr__layout(o)) != DTR_OK || (r = dtr__check_started(o)) != DTR_OK) return r;
+    dtr__map_fill(o, &o->map);   /* the runs split where the starts differ; the state stays where it is */
+    if (o->run_seg) dtr__lamb_segments(o);
     return DTR_OK;
 }
 

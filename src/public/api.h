@@ -963,7 +963,8 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  stays (a gradient of zeros under data parallelism). Takes effect at the next backward and
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
- *  trainable ones start from zero). Call it alike on every rank's model (data-parallel ranks,
+ *  trainable ones start from zero and count their own steps from 1, as torch.optim's
+ *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Call it alike on every rank's model (data-parallel ranks,
  *  parameter servers, stages). LAMB over a ZeRO shard refuses frozen parameters
  *  (DTR_UNSUPPORTED at the step), and so does restoring ZeRO shards of an optimizer over frozen
  *  parameters on another number of ranks.
@@ -1650,7 +1651,11 @@ DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, i
 /** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,
  *  micro-batches since the last update), "schedule" (its dtr_schedule, which
  *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
- *  (dtr_model_numel floats each, device memory on a device backend).
+ *  (the trainable floats of its range each, see dtr_optimizer_moments; device memory on a
+ *  device backend), and last "started" (int64 per parameter: the update count its state started
+ *  at, -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
+ *  the model's trainable set). dtr_ckpt restores a checkpoint written before "started" existed
+ *  with every trainable parameter started at 0.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_entry *out);
