@@ -985,7 +985,7 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
  *  optimizers leave its values alone, weight decay included, and keep no state for it (Adam's
  *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
- *  stays (a gradient of zeros under data parallelism). Takes effect at the next backward and
+ *  stays (its gradient zeros, which data parallelism without ZeRO does not send). Takes effect at the next backward and
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
@@ -3518,7 +3518,9 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
 /** Makes model `m` data parallel over group `c`: builds it, broadcasts its parameters from
  *  the root (collective, blocking), splits the contiguous gradient buffer into buckets of
  *  about bucket_bytes along parameter boundaries (last parameters first, as backward
- *  produces them) and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
+ *  produces them; without ZeRO, frozen parameters (dtr_model_set_trainable) are in no bucket:
+ *  never sent, and made again at the next step's first gradient when the trainable set changes)
+ *  and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
  *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
  *  final, on the group's progress thread, in bucket order on every rank. On a group of size
  *  1 nothing is installed and every call below returns at once. cfg.compress replaces the
@@ -3609,7 +3611,8 @@ DTR_API dtr_result dtr_dp_broadcast_params(dtr_dp *dp);
  *          group's error (DTR_PEER_FAILED, DTR_TIMEOUT). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_average_buffers(dtr_dp *dp);
 /** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
- *  buffer (bucket 0 holds the last parameters). */
+ *  buffer (bucket 0 holds the last parameters; without ZeRO, frozen parameters' floats are in
+ *  none). */
 DTR_API int dtr_dp_bucket_count(const dtr_dp *dp);
 DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t *end);
 /** Number of buckets whose all-reduce was started inside dtr_backward (not by finish) in
@@ -4839,7 +4842,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4843 "dtrain.h"
+#line 4846 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5756,7 +5759,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5760 "dtrain.h"
+#line 5763 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6254,7 +6257,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6258 "dtrain.h"
+#line 6261 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6316,7 +6319,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6320 "dtrain.h"
+#line 6323 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6695,7 +6698,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6699 "dtrain.h"
+#line 6702 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6738,7 +6741,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6742 "dtrain.h"
+#line 6745 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6758,6 +6761,9 @@ typedef struct dtr__dpc dtr__dpc;
  *          message says which) or DTR_OUT_OF_MEMORY. */
 DTR__PRIVATE dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out);
 DTR__PRIVATE void dtr__dpc_destroy(dtr__dpc *z);
+/** The buckets changed (the model's trainable set did): every bucket's state is made again at
+ *  its next start, and the residual of error feedback starts from zero. */
+DTR__PRIVATE void dtr__dpc_forget_buckets(dtr__dpc *z);
 /** Bucket i ([begin, end) of the gradient buffer g) is final: encodes it (adding the
  *  residual) and starts its exchange in *req. */
 DTR__PRIVATE dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t end, dtr_request **req);
@@ -6772,7 +6778,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6776 "dtrain.h"
+#line 6782 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6831,7 +6837,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6835 "dtrain.h"
+#line 6841 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6905,7 +6911,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6909 "dtrain.h"
+#line 6915 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6973,7 +6979,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6977 "dtrain.h"
+#line 6983 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7048,7 +7054,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7052 "dtrain.h"
+#line 7058 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7400,7 +7406,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7404 "dtrain.h"
+#line 7410 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8363,7 +8369,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8367 "dtrain.h"
+#line 8373 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9038,7 +9044,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9042 "dtrain.h"
+#line 9048 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9129,7 +9135,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9133 "dtrain.h"
+#line 9139 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9611,7 +9617,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9615 "dtrain.h"
+#line 9621 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9866,7 +9872,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9870 "dtrain.h"
+#line 9876 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10099,7 +10105,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10103 "dtrain.h"
+#line 10109 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10218,7 +10224,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10222 "dtrain.h"
+#line 10228 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10274,7 +10280,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10278 "dtrain.h"
+#line 10284 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10672,7 +10678,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10676 "dtrain.h"
+#line 10682 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10937,7 +10943,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10941 "dtrain.h"
+#line 10947 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11501,7 +11507,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11505 "dtrain.h"
+#line 11511 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11683,7 +11689,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11687 "dtrain.h"
+#line 11693 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13313,7 +13319,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13317 "dtrain.h"
+#line 13323 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14220,7 +14226,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14224 "dtrain.h"
+#line 14230 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14482,7 +14488,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14486 "dtrain.h"
+#line 14492 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14883,7 +14889,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14887 "dtrain.h"
+#line 14893 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15017,7 +15023,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15021 "dtrain.h"
+#line 15027 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15841,7 +15847,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15845 "dtrain.h"
+#line 15851 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16300,7 +16306,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16304 "dtrain.h"
+#line 16310 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16576,7 +16582,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16580 "dtrain.h"
+#line 16586 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16813,7 +16819,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16817 "dtrain.h"
+#line 16823 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17068,7 +17074,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17072 "dtrain.h"
+#line 17078 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17846,7 +17852,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17850 "dtrain.h"
+#line 17856 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17984,7 +17990,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17988 "dtrain.h"
+#line 17994 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18331,7 +18337,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18335 "dtrain.h"
+#line 18341 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18397,7 +18403,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18401 "dtrain.h"
+#line 18407 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18634,7 +18640,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18638 "dtrain.h"
+#line 18644 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19383,7 +19389,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19387 "dtrain.h"
+#line 19393 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19836,7 +19842,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19840 "dtrain.h"
+#line 19846 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19892,7 +19898,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19896 "dtrain.h"
+#line 19902 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20734,7 +20740,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20738 "dtrain.h"
+#line 20744 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21315,7 +21321,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21319 "dtrain.h"
+#line 21325 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21946,7 +21952,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21950 "dtrain.h"
+#line 21956 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22742,7 +22748,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22746 "dtrain.h"
+#line 22752 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23095,7 +23101,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23099 "dtrain.h"
+#line 23105 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23285,7 +23291,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23289 "dtrain.h"
+#line 23295 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23466,7 +23472,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23470 "dtrain.h"
+#line 23476 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24241,7 +24247,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24245 "dtrain.h"
+#line 24251 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24758,7 +24764,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24762 "dtrain.h"
+#line 24768 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25553,7 +25559,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25557 "dtrain.h"
+#line 25563 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26801,7 +26807,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26805 "dtrain.h"
+#line 26811 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27423,7 +27429,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27427 "dtrain.h"
+#line 27433 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27924,7 +27930,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27928 "dtrain.h"
+#line 27934 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28654,7 +28660,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28658 "dtrain.h"
+#line 28664 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28890,7 +28896,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28894 "dtrain.h"
+#line 28900 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29019,7 +29025,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29023 "dtrain.h"
+#line 29029 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29112,15 +29118,28 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     return DTR_OK;
 }
 
-void dtr__dpc_destroy(dtr__dpc *z) {
+/* every bucket's buffers freed: made again at its next start */
+static void dtr__cbuckets_free(dtr__dpc *z) {
     int i;
-    if (!z) return;
     for (i = 0; z->b && i < z->nb; i++) {
         dtr__mem_free_on(z->ctx, z->dev, z->b[i].send);
         dtr__mem_free_on(z->ctx, z->dev, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
         dtr__mem_free_on(z->ctx, z->dev, z->b[i].q);
+        memset(&z->b[i], 0, sizeof z->b[i]);
     }
+}
+
+void dtr__dpc_forget_buckets(dtr__dpc *z) {
+    size_t bytes = (size_t)dtr_model_numel(z->m) * sizeof(float);
+    dtr__cbuckets_free(z);
+    if (z->resid && z->dev) (void)z->ctx->backend->memset0(z->ctx, z->resid, bytes);
+    else if (z->resid) memset(z->resid, 0, bytes);
+}
+
+void dtr__dpc_destroy(dtr__dpc *z) {
+    if (!z) return;
+    dtr__cbuckets_free(z);
     dtr__free(&z->ctx->alloc, z->b);
     dtr__mem_free_on(z->ctx, z->dev, z->resid);
     dtr__free(&z->ctx->alloc, z);
@@ -29456,7 +29475,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29460 "dtrain.h"
+#line 29479 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29949,7 +29968,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29953 "dtrain.h"
+#line 29972 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -29960,7 +29979,12 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
  *
  * Buckets are ranges of the gradient buffer on parameter boundaries, formed from the last
  * parameter backwards (the order backward produces them), each at least bucket_bytes
- * unless it is the last. The gradient-ready hook of the context counts down the parameters
+ * unless it is the last. Without ZeRO they hold trainable parameters only: a frozen one
+ * (dtr_model_set_trainable) ends a bucket and is in none, so its zeros are never sent and
+ * the buckets around it complete during backward (LoRA adapters between frozen weights: a
+ * bucket per run of adapters); the buckets are made again at the first gradient of a step
+ * after the trainable set changed. ZeRO's buckets cover every parameter (its shards and
+ * ZeRO-3's units are ranges of the whole buffer). The gradient-ready hook of the context counts down the parameters
  * of each bucket; buckets are started strictly in bucket order (a ready bucket waits for
  * the ones before it), so every rank issues the same all-reduces in the same order even if
  * its backward reaches parameters in another order. dtr_dp_finish starts the rest and waits.
@@ -30018,6 +30042,8 @@ struct dtr_dp {
     int *param_bucket;      /* parameter index -> bucket */
     int next;               /* next bucket to start (its gradients final; staged: copy queued) */
     int next_comm;          /* next bucket whose exchange starts (staged: once its copy landed) */
+    int armed;              /* no gradient of this step seen yet: the buckets may be made again */
+    unsigned gen;           /* the model's trainable set the buckets were made for */
     int no_sync;
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
@@ -30101,12 +30127,16 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
     return dtr__dp_exchange_ready(dp, 0);
 }
 
+static void dtr__dp_relayout(dtr_dp *dp);
+
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr_result r = DTR_OK;
     dtr__bucket *b;
     if (dp->no_sync || dtr__dp_local(dp) || dp->cfg.zero == 1 || param->model != dp->m || param->param_index < 0)
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
+    dtr__dp_relayout(dp);
+    if (dp->param_bucket[param->param_index] < 0) return DTR_OK;
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (b->pending == 1 && dp->cfg.zero == 3) dtr__zero3_release(dp->z, dp->param_bucket[param->param_index]);
@@ -30130,29 +30160,52 @@ static void dtr__dp_reset(dtr_dp *dp) {
         dp->b[i].pending = dp->b[i].nparams;
     }
     dp->next = dp->next_comm = 0;
+    dp->armed = 1;
+}
+
+/* parameter i's gradient is exchanged: it is trainable, or ZeRO's buckets cover everything */
+static int dtr__dp_syncs(const dtr_dp *dp, int i) { return dp->cfg.zero || dtr_model_param_trainable(dp->m, i); }
+
+/* The buckets over the parameters dtr__dp_syncs takes (frozen ones end a bucket, and are in
+   none: param_bucket -1), from the last backwards; every parameter synchronised, one bucket
+   ends where the next begins. */
+static void dtr__dp_fill_buckets(dtr_dp *dp) {
+    int np = dtr_model_param_count(dp->m), i, k = 0, open = 0;
+    int64_t per = (int64_t)(dp->cfg.bucket_bytes / sizeof(float));
+    if (per < 1) per = 1;
+    memset(dp->b, 0, (size_t)(np ? np : 1) * sizeof(dtr__bucket));
+    for (i = np - 1; i >= 0; i--) {
+        int64_t off = dtr_model_param_offset(dp->m, i);
+        dp->param_bucket[i] = -1;
+        if (!dtr__dp_syncs(dp, i)) continue;
+        if (!open) dp->b[k].end = i + 1 < np ? dtr_model_param_offset(dp->m, i + 1) : dtr_model_numel(dp->m), open = 1;
+        dp->param_bucket[i] = k;
+        dp->b[k].nparams++;
+        if (dp->b[k].end - off >= per || i == 0 || !dtr__dp_syncs(dp, i - 1)) dp->b[k++].begin = off, open = 0;
+    }
+    dp->nb = k;
+    dp->gen = dtr__model_trainable_gen(dp->m);
+    dtr__dp_reset(dp);
+}
+
+/* at the step's first gradient (or its finish): the buckets for a trainable set changed since
+   (dtr_model_set_trainable between steps); a codec's per-bucket state starts again */
+static void dtr__dp_relayout(dtr_dp *dp) {
+    if (!dp->armed) return;
+    dp->armed = 0;
+    if (dp->cfg.zero || dp->gen == dtr__model_trainable_gen(dp->m)) return;
+    dtr__dp_fill_buckets(dp);   /* re-arms: this step's first gradient is being seen */
+    dtr__dpc_forget_buckets(dp->cz);
+    dp->armed = 0;
 }
 
 static dtr_result dtr__dp_buckets(dtr_dp *dp) {
     dtr_context *ctx = dp->ctx;
-    int np = dtr_model_param_count(dp->m), i, k = 0;
-    int64_t total = dtr_model_numel(dp->m), per = (int64_t)(dp->cfg.bucket_bytes / sizeof(float)), end = total;
-    if (per < 1) per = 1;
+    int np = dtr_model_param_count(dp->m);
     dp->param_bucket = (int *)dtr__calloc(&ctx->alloc, (size_t)(np ? np : 1) * sizeof(int));
     dp->b = (dtr__bucket *)dtr__calloc(&ctx->alloc, (size_t)(np ? np : 1) * sizeof(dtr__bucket));
     if (!dp->param_bucket || !dp->b) return DTR_OUT_OF_MEMORY;
-    for (i = np - 1; i >= 0; i--) {
-        int64_t off = dtr_model_param_offset(dp->m, i);
-        dp->param_bucket[i] = k;
-        dp->b[k].nparams++;
-        if (end - off >= per || i == 0) {
-            dp->b[k].begin = i == 0 ? 0 : off;
-            dp->b[k].end = end;
-            end = dp->b[k].begin;
-            k++;
-        }
-    }
-    dp->nb = k;
-    dtr__dp_reset(dp);
+    dtr__dp_fill_buckets(dp);
     return DTR_OK;
 }
 
@@ -30326,7 +30379,8 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
     if (!dp) return DTR_NULL_HANDLE;
-    if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    if (!dp->param_bucket || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    dtr__dp_relayout(dp);   /* no gradient reached the hook */
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
@@ -30401,7 +30455,7 @@ static dtr_result dtr__dp_step_done(dtr_dp *dp) {
         return DTR_OK;
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
-    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
+    if (!dp->param_bucket || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
     return dtr__dp_param_average(dp, st);
 }
 
@@ -30498,7 +30552,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30502 "dtrain.h"
+#line 30556 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31004,7 +31058,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31008 "dtrain.h"
+#line 31062 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32556,7 +32610,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32560 "dtrain.h"
+#line 32614 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32610,7 +32664,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32614 "dtrain.h"
+#line 32668 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33802,7 +33856,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33806 "dtrain.h"
+#line 33860 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34705,7 +34759,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34709 "dtrain.h"
+#line 34763 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36183,7 +36237,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36187 "dtrain.h"
+#line 36241 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36576,7 +36630,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36580 "dtrain.h"
+#line 36634 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36725,7 +36779,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36729 "dtrain.h"
+#line 36783 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

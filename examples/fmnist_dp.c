@@ -25,7 +25,7 @@
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
  *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3]
  *                  [--zero3-keep-grads 0|1] [--zero2-release-grads 0|1] [--graph]
- *                  [--metrics FILE] [--trace FILE]
+ *                  [--freeze PREFIX] [--metrics FILE] [--trace FILE]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
  *   --batch      global batch, split evenly over the ranks (default 128)
@@ -45,6 +45,9 @@
  *   --zero3-keep-grads 1  ZeRO-3: keep the whole gradient buffer resident (faster, more memory)
  *   --zero2-release-grads 1  ZeRO-2: give the gradients outside the shard back once sent (less
  *                memory between steps, page faults each backward)
+ *   --freeze     the parameters whose names start with PREFIX stay as initialised
+ *                (dtr_model_set_trainable; "fc1." fine-tunes fc2 and fc3 only): no gradient, no
+ *                optimizer state, not in any bucket (their floats never go on the wire)
  *   --graph      the forward and backward of each full batch captured once (dtr_graph_capture; a
  *                CUDA graph with --gpu) and launched; dtr_dp_finish then exchanges every bucket
  *                (no overlap with backward). Not with ZeRO-3 (refused)
@@ -77,6 +80,7 @@ typedef struct dp_opts {
     const char *metrics, *trace;   /* --metrics FILE, --trace FILE: per rank (run.json -> run.rank1.json) */
     int gpu;                /* --gpu: every rank trains on the GPU (make examples-gpu) */
     int graph;              /* --graph: the forward and backward of full batches captured once and launched */
+    const char *freeze;     /* --freeze PREFIX: those parameters frozen (fine-tuning the rest) */
 } dp_opts;
 
 typedef struct dp_result {
@@ -165,6 +169,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     }
     /* the same model on every rank; dtr_dp_create makes rank 0's parameters everyone's */
     if ((r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, o->seed)) != DTR_OK) { dp_err(rank, "model", r, dtr_context_last_error(ctx)); goto done; }
+    if (o->freeze && (r = dtr_model_set_trainable(net.model, &o->freeze, 1, 0)) != DTR_OK) { dp_err(rank, "--freeze", r, dtr_context_last_error(ctx)); goto done; }
     dc.bucket_bytes = o->bucket;
     dc.compress = o->compress;
     dc.topk_ratio = o->topk_ratio;
@@ -314,6 +319,10 @@ static const char *const dp_compress_names[] = {"none", "bf16", "fp16", "int8", 
 static int dp_parse_compress(dp_opts *o, const char *a, const char *v) {
     char *end = NULL;
     int i;
+    if (!strcmp(a, "--freeze")) {
+        o->freeze = v;
+        return 1;
+    }
     if (!strcmp(a, "--compress")) {
         for (i = 0; i < 6; i++)
             if (!strcmp(v, dp_compress_names[i])) { o->compress = (dtr_dp_compress)i; return 1; }
@@ -346,7 +355,7 @@ int main(int argc, char **argv) {
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
                    "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3] [--zero3-keep-grads 0|1] "
-                   "[--zero2-release-grads 0|1] [--gpu] [--graph]\n", argv[0]);
+                   "[--zero2-release-grads 0|1] [--gpu] [--graph] [--freeze PREFIX]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }

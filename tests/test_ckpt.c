@@ -189,8 +189,8 @@ static void record(rig *g, outcome *out) {
     out->params = (float *)dup_bytes(dtr_model_params(g->m), out->np * sizeof(float));
     out->steps = dtr_optimizer_steps(g->opt);
     for (i = 3; dtr_optimizer_state(g->opt, i, &e) == DTR_OK; i++) {
-        if (i == 3) out->m = (float *)dup_bytes(e.data, e.bytes), out->nm = e.bytes / sizeof(float);
-        else out->v = (float *)dup_bytes(e.data, e.bytes);
+        if (!strcmp(e.name, "m")) out->m = (float *)dup_bytes(e.data, e.bytes), out->nm = e.bytes / sizeof(float);
+        if (!strcmp(e.name, "v")) out->v = (float *)dup_bytes(e.data, e.bytes);
     }
     if (dtr_loader_next(g->ld, &b) == DTR_OK) {
         dtr_tensor *x, *y;

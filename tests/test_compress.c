@@ -46,6 +46,7 @@ typedef struct cjob {
     int64_t numel;
     dtr_dp_stats stats[WORLD];
     int refused[WORLD];        /* dtr_dp_step_done between backward and finish was refused */
+    int thaw_at;               /* local SGD's ranks: l1 frozen until this step (0: never frozen) */
     char msg[WORLD][256];
 } cjob;
 
@@ -253,16 +254,20 @@ static void t_error_feedback(void) {
 /* ---- local SGD ---- */
 
 static int sgd_rank(dtr_comm *c, void *user) {
+    static const char *l1[1] = {"l1."};
     cjob *j = (cjob *)user;
     int rank = dtr_comm_rank(c), ok = 0, t;
     dtr_dp *dp = NULL;
     int64_t n = 0;
     mlp net;
-    if (!mlp_init(&net, 7, 1) || dtr_dp_create(net.m, c, &j->dc, &dp) != DTR_OK) goto done;
+    if (!mlp_init(&net, 7, 1) || (j->thaw_at && dtr_model_set_trainable(net.m, l1, 1, 0) != DTR_OK) ||
+        dtr_dp_create(net.m, c, &j->dc, &dp) != DTR_OK)
+        goto done;
     n = dtr_model_numel(net.m);
     if (rank == 0) j->numel = n;   /* the same on every rank */
     j->trace[rank] = (float *)malloc((size_t)(n * j->steps) * sizeof(float));
     for (t = 0; t < j->steps; t++) {
+        if (j->thaw_at && t == j->thaw_at && dtr_model_set_trainable(net.m, l1, 1, 1) != DTR_OK) goto done;
         if (mlp_backward(&net, t, (int64_t)rank * j->b, j->b) != DTR_OK) goto done;
         if (t == 0 && !j->dc.local_sgd_every) j->refused[rank] = dtr_dp_step_done(dp) == DTR_BAD_STATE;
         if (dtr_dp_finish(dp) != DTR_OK ||
@@ -314,6 +319,42 @@ static void t_local_sgd_phases(void) {
     CHECK_EQ_INT(j.stats[0].param_averages, 2);
     CHECK_EQ_INT(j.stats[0].wire_bytes, (3 + 2) * j.numel * 4);
     cjob_free(&j);
+}
+
+static int all_finite(const float *x, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+/* l1 frozen for 4 steps, then trainable (gradual unfreezing) under each codec: the buckets are
+   made again with l1 in them (PowerSGD's matrices too), every rank the same weights after every
+   step, l1 still until the thaw and moving after it, fewer bytes a step while it was frozen */
+static void t_codec_thaw(void) {
+    dtr_dp_compress kinds[4] = {DTR_COMPRESS_BF16, DTR_COMPRESS_INT8, DTR_COMPRESS_TOPK, DTR_COMPRESS_POWERSGD};
+    int i, t;
+    for (i = 0; i < 4; i++) {
+        cjob j = cjob_init(kinds[i], 8, 8), f = cjob_init(kinds[i], 8, 4);
+        j.thaw_at = 4, f.thaw_at = 100;
+        j.dc.topk_ratio = f.dc.topk_ratio = 0.1f;
+        j.dc.bucket_bytes = f.dc.bucket_bytes = 512;
+        CHECK_MSG(ex_run_ranks("test_compress", "local", NULL, WORLD, 0, sgd_rank, &j), "%s", j.msg[0]);
+        CHECK_MSG(ex_run_ranks("test_compress", "local", NULL, WORLD, 0, sgd_rank, &f), "%s", f.msg[0]);
+        if (!j.params[0] || !j.params[1] || !f.params[0]) { cjob_free(&j), cjob_free(&f); continue; }
+        for (t = 0; t < 8; t++)
+            CHECK_MSG(!memcmp(j.trace[0] + t * j.numel, j.trace[1] + t * j.numel, (size_t)j.numel * sizeof(float)),
+                      "%s: the ranks differ after step %d", dp_compress_names[kinds[i]], t + 1);
+        CHECK(j.trace[0][0] == j.trace[0][3 * j.numel] && j.trace[0][3 * j.numel] != j.trace[0][7 * j.numel]);
+        CHECK(all_finite(j.params[0], j.numel));
+        CHECK_MSG(f.stats[0].wire_bytes * 2 < j.stats[0].wire_bytes - f.stats[0].wire_bytes, "%s: %llu bytes in 4 "
+                  "frozen steps, %llu in 4 more", dp_compress_names[kinds[i]], (unsigned long long)f.stats[0].wire_bytes,
+                  (unsigned long long)(j.stats[0].wire_bytes - f.stats[0].wire_bytes));
+        printf("     %-8s l1 frozen 4 steps, then trainable: %llu bytes on the wire, then %llu\n",
+               dp_compress_names[kinds[i]], (unsigned long long)f.stats[0].wire_bytes,
+               (unsigned long long)(j.stats[0].wire_bytes - f.stats[0].wire_bytes));
+        cjob_free(&j), cjob_free(&f);
+    }
 }
 
 /* ---- bad configurations ---- */
@@ -379,6 +420,7 @@ int main(void) {
     RUN(t_error_feedback);
     RUN(t_local_sgd_h1);
     RUN(t_local_sgd_phases);
+    RUN(t_codec_thaw);
     RUN(t_bad_config);
     RUN(t_accuracy);
     return test_summary();

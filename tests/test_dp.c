@@ -158,11 +158,14 @@ typedef struct dp_job {
     int seed_by_rank;            /* different initial weights per rank */
     dtr_dtype act;               /* the ranks' activation_dtype */
     int freeze_l1;               /* l1 frozen (dtr_model_set_trainable) on every rank */
+    int thaw_at;                 /* with freeze_l1: l1 trainable again from this step (0: never) */
     dtr_local_world *w;
     /* results */
     float *params[8];
     int64_t numel;
     int buckets, overlapped, fails;
+    int64_t bucket_lo;           /* rank 0: the lowest float of any bucket, after the last step */
+    uint64_t wire_bytes;         /* rank 0: dtr_dp_stats' */
     dtr_result result[8];
     double secs[8];
     int failed_rank[8];
@@ -213,6 +216,10 @@ static void *dp_rank_main(void *arg) {
             break;
         }
         t0 = now_s();
+        if (j->freeze_l1 && j->thaw_at > 0 && t == j->thaw_at) {
+            const char *l1[1] = {"l1."};
+            r = dtr_model_set_trainable(n.m, l1, 1, 1);
+        }
         for (a = 0; a < j->accum && r == DTR_OK; a++) {
             int last = a == j->accum - 1;
             /* micro-batch a of rank r: rows (a * world + rank) * b of step t */
@@ -241,6 +248,17 @@ static void *dp_rank_main(void *arg) {
         j->numel = dtr_model_numel(n.m);
         j->buckets = dtr_dp_bucket_count(dp);
         j->overlapped = dtr_dp_overlapped_buckets(dp);
+        j->bucket_lo = j->numel;
+        for (t = 0; t < j->buckets; t++) {
+            int64_t b = 0, e = 0;
+            dtr_dp_bucket_range(dp, t, &b, &e);
+            if (b < j->bucket_lo) j->bucket_lo = b;
+        }
+        if (dp) {
+            dtr_dp_stats st;
+            dtr_dp_get_stats(dp, &st);
+            j->wire_bytes = st.wire_bytes;
+        }
     }
     if (j->stop_rank < 0) pthread_barrier_wait(&g_bar);   /* nobody leaves while others still run */
     dtr_dp_destroy(dp);
@@ -317,28 +335,42 @@ static void t_dp_equivalence(void) {
     }
 }
 
-/* l1 frozen on every rank: 2 ranks (small buckets: l1's never complete in backward, finish
-   sends them) end where 1 rank with the whole batch does, l1 where it started */
+/* l1 frozen on every rank: 2 ranks end where 1 rank with the whole batch does, l1 where it
+   started; the buckets hold l2 only (every one started during backward, l1's zeros never sent).
+   Unfrozen at step 8 (gradual unfreezing): the buckets are made again and take l1 in. */
 static void t_dp_frozen(void) {
-    dp_job ref = dp_job_init(1, 16, 20), j = dp_job_init(2, 8, 20);
+    dp_job ref = dp_job_init(1, 16, 20), j = dp_job_init(2, 8, 20), rt = dp_job_init(1, 16, 20), jt = dp_job_init(2, 8, 20);
     mlp init;
     int i;
-    ref.freeze_l1 = j.freeze_l1 = 1;
-    j.bucket_bytes = 512;
+    ref.freeze_l1 = j.freeze_l1 = rt.freeze_l1 = jt.freeze_l1 = 1;
+    rt.thaw_at = jt.thaw_at = 8;
+    j.bucket_bytes = jt.bucket_bytes = 512;
     dp_run(&ref);
     dp_run(&j);
-    CHECK(ref.fails == 0 && j.fails == 0);
-    for (i = 0; i < 2; i++) CHECK_MSG(j.result[i] == DTR_OK, "rank %d: %s", i, j.msg[i]);
+    dp_run(&rt);
+    dp_run(&jt);
+    CHECK(ref.fails == 0 && j.fails == 0 && rt.fails == 0 && jt.fails == 0);
+    for (i = 0; i < 2; i++) CHECK_MSG(j.result[i] == DTR_OK && jt.result[i] == DTR_OK, "rank %d: %s %s", i, j.msg[i], jt.msg[i]);
+    if (jt.params[0] && rt.params[0]) {
+        CHECK(rel_err(jt.params[0], rt.params[0], jt.numel) <= 1e-5);
+        CHECK(memcmp(jt.params[1], jt.params[0], (size_t)jt.numel * sizeof(float)) == 0);
+        CHECK_MSG(jt.bucket_lo == 0 && jt.overlapped == jt.buckets, "thawed: buckets from %lld, %d of %d overlapped",
+                  (long long)jt.bucket_lo, jt.overlapped, jt.buckets);
+    }
     if (j.params[0] && ref.params[0] && mlp_init(&init, 7, 1)) {
         int64_t l1 = dtr_model_param_offset(init.m, 2);   /* l1.weight and l1.bias come first */
+        CHECK_MSG(j.bucket_lo == l1 && j.buckets >= 1 && j.overlapped == j.buckets, "buckets from %lld (l2 at %lld), "
+                  "%d of %d overlapped", (long long)j.bucket_lo, (long long)l1, j.overlapped, j.buckets);
+        CHECK_EQ_INT(j.wire_bytes, 20 * (uint64_t)(j.numel - l1) * sizeof(float));
+        printf("     l1 frozen: %d buckets over l2's %lld floats (of %lld), all started during backward\n", j.buckets,
+               (long long)(j.numel - l1), (long long)j.numel);
         CHECK(rel_err(j.params[0], ref.params[0], j.numel) <= 1e-5);
         CHECK(memcmp(j.params[1], j.params[0], (size_t)j.numel * sizeof(float)) == 0);
         CHECK(memcmp(j.params[0], dtr_model_params(init.m), (size_t)l1 * sizeof(float)) == 0);
         CHECK(memcmp(j.params[0] + l1, dtr_model_params(init.m) + l1, (size_t)(j.numel - l1) * sizeof(float)) != 0);
         mlp_free(&init);
     }
-    dp_free(&ref);
-    dp_free(&j);
+    dp_free(&ref), dp_free(&j), dp_free(&rt), dp_free(&jt);
 }
 
 /* bf16 activations: the engine reduces f32 gradients as ever, so 2 ranks end where 1 rank with

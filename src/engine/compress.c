@@ -87,15 +87,28 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     return DTR_OK;
 }
 
-void dtr__dpc_destroy(dtr__dpc *z) {
+/* every bucket's buffers freed: made again at its next start */
+static void dtr__cbuckets_free(dtr__dpc *z) {
     int i;
-    if (!z) return;
     for (i = 0; z->b && i < z->nb; i++) {
         dtr__mem_free_on(z->ctx, z->dev, z->b[i].send);
         dtr__mem_free_on(z->ctx, z->dev, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
         dtr__mem_free_on(z->ctx, z->dev, z->b[i].q);
+        memset(&z->b[i], 0, sizeof z->b[i]);
     }
+}
+
+void dtr__dpc_forget_buckets(dtr__dpc *z) {
+    size_t bytes = (size_t)dtr_model_numel(z->m) * sizeof(float);
+    dtr__cbuckets_free(z);
+    if (z->resid && z->dev) (void)z->ctx->backend->memset0(z->ctx, z->resid, bytes);
+    else if (z->resid) memset(z->resid, 0, bytes);
+}
+
+void dtr__dpc_destroy(dtr__dpc *z) {
+    if (!z) return;
+    dtr__cbuckets_free(z);
     dtr__free(&z->ctx->alloc, z->b);
     dtr__mem_free_on(z->ctx, z->dev, z->resid);
     dtr__free(&z->ctx->alloc, z);

@@ -14,6 +14,9 @@ typedef struct dtr__dpc dtr__dpc;
  *          message says which) or DTR_OUT_OF_MEMORY. */
 DTR__PRIVATE dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out);
 DTR__PRIVATE void dtr__dpc_destroy(dtr__dpc *z);
+/** The buckets changed (the model's trainable set did): every bucket's state is made again at
+ *  its next start, and the residual of error feedback starts from zero. */
+DTR__PRIVATE void dtr__dpc_forget_buckets(dtr__dpc *z);
 /** Bucket i ([begin, end) of the gradient buffer g) is final: encodes it (adding the
  *  residual) and starts its exchange in *req. */
 DTR__PRIVATE dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t end, dtr_request **req);

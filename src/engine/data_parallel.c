@@ -5,7 +5,12 @@
  *
  * Buckets are ranges of the gradient buffer on parameter boundaries, formed from the last
  * parameter backwards (the order backward produces them), each at least bucket_bytes
- * unless it is the last. The gradient-ready hook of the context counts down the parameters
+ * unless it is the last. Without ZeRO they hold trainable parameters only: a frozen one
+ * (dtr_model_set_trainable) ends a bucket and is in none, so its zeros are never sent and
+ * the buckets around it complete during backward (LoRA adapters between frozen weights: a
+ * bucket per run of adapters); the buckets are made again at the first gradient of a step
+ * after the trainable set changed. ZeRO's buckets cover every parameter (its shards and
+ * ZeRO-3's units are ranges of the whole buffer). The gradient-ready hook of the context counts down the parameters
  * of each bucket; buckets are started strictly in bucket order (a ready bucket waits for
  * the ones before it), so every rank issues the same all-reduces in the same order even if
  * its backward reaches parameters in another order. dtr_dp_finish starts the rest and waits.
@@ -63,6 +68,8 @@ struct dtr_dp {
     int *param_bucket;      /* parameter index -> bucket */
     int next;               /* next bucket to start (its gradients final; staged: copy queued) */
     int next_comm;          /* next bucket whose exchange starts (staged: once its copy landed) */
+    int armed;              /* no gradient of this step seen yet: the buckets may be made again */
+    unsigned gen;           /* the model's trainable set the buckets were made for */
     int no_sync;
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
@@ -146,12 +153,16 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
     return dtr__dp_exchange_ready(dp, 0);
 }
 
+static void dtr__dp_relayout(dtr_dp *dp);
+
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr_result r = DTR_OK;
     dtr__bucket *b;
     if (dp->no_sync || dtr__dp_local(dp) || dp->cfg.zero == 1 || param->model != dp->m || param->param_index < 0)
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
+    dtr__dp_relayout(dp);
+    if (dp->param_bucket[param->param_index] < 0) return DTR_OK;
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (b->pending == 1 && dp->cfg.zero == 3) dtr__zero3_release(dp->z, dp->param_bucket[param->param_index]);
@@ -175,29 +186,52 @@ static void dtr__dp_reset(dtr_dp *dp) {
         dp->b[i].pending = dp->b[i].nparams;
     }
     dp->next = dp->next_comm = 0;
+    dp->armed = 1;
+}
+
+/* parameter i's gradient is exchanged: it is trainable, or ZeRO's buckets cover everything */
+static int dtr__dp_syncs(const dtr_dp *dp, int i) { return dp->cfg.zero || dtr_model_param_trainable(dp->m, i); }
+
+/* The buckets over the parameters dtr__dp_syncs takes (frozen ones end a bucket, and are in
+   none: param_bucket -1), from the last backwards; every parameter synchronised, one bucket
+   ends where the next begins. */
+static void dtr__dp_fill_buckets(dtr_dp *dp) {
+    int np = dtr_model_param_count(dp->m), i, k = 0, open = 0;
+    int64_t per = (int64_t)(dp->cfg.bucket_bytes / sizeof(float));
+    if (per < 1) per = 1;
+    memset(dp->b, 0, (size_t)(np ? np : 1) * sizeof(dtr__bucket));
+    for (i = np - 1; i >= 0; i--) {
+        int64_t off = dtr_model_param_offset(dp->m, i);
+        dp->param_bucket[i] = -1;
+        if (!dtr__dp_syncs(dp, i)) continue;
+        if (!open) dp->b[k].end = i + 1 < np ? dtr_model_param_offset(dp->m, i + 1) : dtr_model_numel(dp->m), open = 1;
+        dp->param_bucket[i] = k;
+        dp->b[k].nparams++;
+        if (dp->b[k].end - off >= per || i == 0 || !dtr__dp_syncs(dp, i - 1)) dp->b[k++].begin = off, open = 0;
+    }
+    dp->nb = k;
+    dp->gen = dtr__model_trainable_gen(dp->m);
+    dtr__dp_reset(dp);
+}
+
+/* at the step's first gradient (or its finish): the buckets for a trainable set changed since
+   (dtr_model_set_trainable between steps); a codec's per-bucket state starts again */
+static void dtr__dp_relayout(dtr_dp *dp) {
+    if (!dp->armed) return;
+    dp->armed = 0;
+    if (dp->cfg.zero || dp->gen == dtr__model_trainable_gen(dp->m)) return;
+    dtr__dp_fill_buckets(dp);   /* re-arms: this step's first gradient is being seen */
+    dtr__dpc_forget_buckets(dp->cz);
+    dp->armed = 0;
 }
 
 static dtr_result dtr__dp_buckets(dtr_dp *dp) {
     dtr_context *ctx = dp->ctx;
-    int np = dtr_model_param_count(dp->m), i, k = 0;
-    int64_t total = dtr_model_numel(dp->m), per = (int64_t)(dp->cfg.bucket_bytes / sizeof(float)), end = total;
-    if (per < 1) per = 1;
+    int np = dtr_model_param_count(dp->m);
     dp->param_bucket = (int *)dtr__calloc(&ctx->alloc, (size_t)(np ? np : 1) * sizeof(int));
     dp->b = (dtr__bucket *)dtr__calloc(&ctx->alloc, (size_t)(np ? np : 1) * sizeof(dtr__bucket));
     if (!dp->param_bucket || !dp->b) return DTR_OUT_OF_MEMORY;
-    for (i = np - 1; i >= 0; i--) {
-        int64_t off = dtr_model_param_offset(dp->m, i);
-        dp->param_bucket[i] = k;
-        dp->b[k].nparams++;
-        if (end - off >= per || i == 0) {
-            dp->b[k].begin = i == 0 ? 0 : off;
-            dp->b[k].end = end;
-            end = dp->b[k].begin;
-            k++;
-        }
-    }
-    dp->nb = k;
-    dtr__dp_reset(dp);
+    dtr__dp_fill_buckets(dp);
     return DTR_OK;
 }
 
@@ -371,7 +405,8 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
     if (!dp) return DTR_NULL_HANDLE;
-    if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    if (!dp->param_bucket || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    dtr__dp_relayout(dp);   /* no gradient reached the hook */
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
@@ -446,7 +481,7 @@ static dtr_result dtr__dp_step_done(dtr_dp *dp) {
         return DTR_OK;
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
-    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
+    if (!dp->param_bucket || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
     return dtr__dp_param_average(dp, st);
 }
 

@@ -960,7 +960,7 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
  *  optimizers leave its values alone, weight decay included, and keep no state for it (Adam's
  *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
- *  stays (a gradient of zeros under data parallelism). Takes effect at the next backward and
+ *  stays (its gradient zeros, which data parallelism without ZeRO does not send). Takes effect at the next backward and
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's

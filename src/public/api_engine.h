@@ -319,7 +319,9 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
 /** Makes model `m` data parallel over group `c`: builds it, broadcasts its parameters from
  *  the root (collective, blocking), splits the contiguous gradient buffer into buckets of
  *  about bucket_bytes along parameter boundaries (last parameters first, as backward
- *  produces them) and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
+ *  produces them; without ZeRO, frozen parameters (dtr_model_set_trainable) are in no bucket:
+ *  never sent, and made again at the next step's first gradient when the trainable set changes)
+ *  and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
  *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
  *  final, on the group's progress thread, in bucket order on every rank. On a group of size
  *  1 nothing is installed and every call below returns at once. cfg.compress replaces the
@@ -410,7 +412,8 @@ DTR_API dtr_result dtr_dp_broadcast_params(dtr_dp *dp);
  *          group's error (DTR_PEER_FAILED, DTR_TIMEOUT). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_average_buffers(dtr_dp *dp);
 /** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
- *  buffer (bucket 0 holds the last parameters). */
+ *  buffer (bucket 0 holds the last parameters; without ZeRO, frozen parameters' floats are in
+ *  none). */
 DTR_API int dtr_dp_bucket_count(const dtr_dp *dp);
 DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t *end);
 /** Number of buckets whose all-reduce was started inside dtr_backward (not by finish) in
