@@ -1053,6 +1053,28 @@ static void lora_train(dtr_context *ctx, lora_net *n, const float *x, const floa
     dtr_optimizer_destroy(o);
 }
 
+/* lora_dropout 0.5 (the adapter trained, so B != 0): in evaluation mode the output is y, the
+   one without dropout; in training mode the adapter's input loses about half its elements, so
+   the output moves off y; a negative probability fails */
+static void lora_dropout(dtr_context *ctx, lora_net *n, const float *x, const float *y) {
+    float yd[LR_B * LR_OUT];
+    int64_t xs[2] = {LR_B, LR_IN};
+    int i, moved = 0;
+    n->fc.lora_dropout = 0.5f;
+    dtr_context_set_training(ctx, 0);
+    lora_out(ctx, n, x, yd);
+    CHECK(memcmp(yd, y, sizeof yd) == 0);
+    dtr_context_set_training(ctx, 1);
+    lora_out(ctx, n, x, yd);
+    for (i = 0; i < LR_B * LR_OUT; i++) moved += fabsf(yd[i] - y[i]) > 1e-6f;
+    CHECK_MSG(moved > LR_B * LR_OUT / 2, "training-mode dropout moved %d of %d outputs", moved, LR_B * LR_OUT);
+    n->fc.lora_dropout = -0.5f;
+    CHECK(dtr_linear_layer_forward(ctx, &n->fc, dtr_tensor_from(ctx, DTR_F32, 2, xs, (void *)x)) == NULL);
+    dtr_context_clear_error(ctx);
+    dtr_context_reset(ctx);
+    n->fc.lora_dropout = 0.0f;
+}
+
 /* the adapter alone saved (dtr_save_config.only) and read back into a model with its base:
    the file holds two tensors, and the adapted output comes back */
 static void lora_adapter_file(dtr_context *ctx, lora_net *n, const float *x) {
@@ -1104,6 +1126,7 @@ static void test_lora(void) {
     lora_train(ctx, &n, x, w0);
     lora_out(ctx, &n, x, y);
     CHECK_MSG(lora_gap(&n, x, y) < 1e-5, "LoRA forward: %.3g from the double reference", lora_gap(&n, x, y));
+    lora_dropout(ctx, &n, x, y);
     CHECK_OK(ctx, dtr_linear_layer_merge_lora(&n.fc));
     lora_out(ctx, &n, x, ym);
     CHECK_MSG(test_rel_gap(ym, y, LR_B * LR_OUT) < 1e-5, "merged: %.3g", test_rel_gap(ym, y, LR_B * LR_OUT));

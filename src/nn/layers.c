@@ -54,6 +54,7 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_linear_layer_forward: layer is NULL");
     y = dtr_linear(ctx, x, l->weight, l->bias);
     if (!l->lora_a) return y;
+    if (l->lora_dropout != 0.0f) x = dtr_dropout(ctx, x, l->lora_dropout);   /* the adapter's input only */
     /* the scale on the rank-wide product, not on the layer-wide one: one activation less of the layer's width */
     return dtr_add(ctx, y, dtr_linear(ctx, dtr_scale(ctx, dtr_linear(ctx, x, l->lora_a, NULL), l->lora_scale), l->lora_b, NULL));
 }

@@ -1034,6 +1034,8 @@ typedef struct dtr_linear_layer {
     int64_t in, out;
     dtr_tensor *lora_a, *lora_b;   /**< a LoRA adapter (dtr_linear_layer_add_lora): A (rank, in), B (out, rank); or NULL */
     float lora_scale;              /**< alpha / rank */
+    float lora_dropout;            /**< dropout on the adapter's input while training (PEFT's lora_dropout;
+                                        0 by default: set it after dtr_linear_layer_add_lora) */
 } dtr_linear_layer;
 /** 2-D convolution layer: weight (out, in / groups, kh, kw), bias (out) or NULL; forward
  *  convolves with `conv` (the geometry given to init; fields other than groups may change
@@ -1193,7 +1195,9 @@ DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const 
  *  trains. Every linear of the attention layer and of the GPT and Llama blocks takes one
  *  (block.attn.qkv, block.q, ...). To train the adapters only: dtr_model_set_trainable(m, NULL,
  *  0, 0), then (const char *[]){"*lora_"} trainable; the optimizer keeps state for them alone.
- *  Load a pretrained base with dtr_model_load_ex and optional {"*lora_"}.
+ *  Load a pretrained base with dtr_model_load_ex and optional {"*lora_"}. layer->lora_dropout
+ *  = p drops the adapter's input x with probability p in training mode (the base product sees
+ *  all of x; PEFT's lora_dropout, commonly 0.05 or 0.1).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (rank < 1, alpha <= 0, a layer not made
  *          by dtr_linear_layer_init, an adapter there already), DTR_BAD_STATE (model built).
  *  Thread safety: the model's context thread. */
