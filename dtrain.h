@@ -5709,6 +5709,13 @@ DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
 /** A number that changes with every change of the model's trainable set (an optimizer lays its
  *  state out again when it differs from the one it saw). */
 DTR__PRIVATE unsigned dtr__model_trainable_gen(const dtr_model *m);
+/** The next run of trainable parameters from parameter *i on: their floats [*lo, *hi) (to the
+ *  next parameter's offset: the padding between them included); *i moves past it. 0 when no
+ *  trainable parameter is left. */
+DTR__PRIVATE int dtr__model_next_run(const dtr_model *m, int *i, int64_t *lo, int64_t *hi);
+/** Gradients *= factor: the whole buffer, or on host memory with frozen parameters their runs of
+ *  trainable ones only (the frozen ones' zeros, and their unmapped pages, left alone). */
+DTR__PRIVATE dtr_result dtr__model_grad_scale(dtr_model *m, float factor);
 /** The recurrence op `op` (DTR_OP_LSTM, DTR_OP_GRU; inputs gx, w_hh, b_hh, h0, c0 (the GRU's
  *  NULL), lengths) -> y (T, B, 2H | H), errors naming fn. lengths: B host values in 1..T
  *  (checked by the caller; a row past its length carries its state: y = the step before's),
@@ -5752,6 +5759,9 @@ DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const 
  *  one group per model; a group of device memory is not summed) and the replicated
  *  parameters' once. */
 DTR__PRIVATE dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out);
+/** This rank's sum of squares of gradient floats [b, e) (on host memory with frozen parameters
+ *  the trainable runs' only: the frozen ones' zeros are not read). */
+DTR__PRIVATE dtr_result dtr__grad_sumsq_range(dtr_model *m, int64_t b, int64_t e, double *out);
 /** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
 DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);
 /** Gathers the shard `t` of every rank into `full` (f32, the full shape). Collective. */
@@ -5763,7 +5773,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5767 "dtrain.h"
+#line 5777 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6261,7 +6271,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6265 "dtrain.h"
+#line 6275 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6323,7 +6333,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6327 "dtrain.h"
+#line 6337 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6702,7 +6712,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6706 "dtrain.h"
+#line 6716 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6745,7 +6755,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6749 "dtrain.h"
+#line 6759 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6782,7 +6792,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6786 "dtrain.h"
+#line 6796 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6841,7 +6851,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6845 "dtrain.h"
+#line 6855 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6915,7 +6925,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6919 "dtrain.h"
+#line 6929 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6983,7 +6993,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6987 "dtrain.h"
+#line 6997 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7058,7 +7068,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7062 "dtrain.h"
+#line 7072 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7410,7 +7420,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7414 "dtrain.h"
+#line 7424 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8373,7 +8383,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8377 "dtrain.h"
+#line 8387 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9048,7 +9058,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9052 "dtrain.h"
+#line 9062 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9139,7 +9149,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9143 "dtrain.h"
+#line 9153 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9621,7 +9631,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9625 "dtrain.h"
+#line 9635 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9876,7 +9886,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9880 "dtrain.h"
+#line 9890 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10109,7 +10119,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10113 "dtrain.h"
+#line 10123 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10228,7 +10238,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10232 "dtrain.h"
+#line 10242 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10284,7 +10294,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10288 "dtrain.h"
+#line 10298 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10682,7 +10692,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10686 "dtrain.h"
+#line 10696 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10947,7 +10957,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10951 "dtrain.h"
+#line 10961 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11511,7 +11521,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11515 "dtrain.h"
+#line 11525 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11693,7 +11703,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11697 "dtrain.h"
+#line 11707 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13323,7 +13333,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13327 "dtrain.h"
+#line 13337 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14230,7 +14240,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14234 "dtrain.h"
+#line 14244 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14492,7 +14502,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14496 "dtrain.h"
+#line 14506 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14893,7 +14903,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14897 "dtrain.h"
+#line 14907 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15027,7 +15037,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15031 "dtrain.h"
+#line 15041 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15058,6 +15068,7 @@ struct dtr_model {
     int64_t total;        /* floats in each buffer, padding included */
     int frozen;           /* parameters set not trainable (dtr_model_set_trainable) */
     unsigned trainable_gen;   /* bumped by every change of the trainable set (optimizers lay out their state again) */
+    unsigned grad_gen;        /* the trainable set zero_grad last cleared the whole gradient buffer for */
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
@@ -15304,6 +15315,21 @@ static dtr_result dtr__model_init_param(dtr_model *m, int i, float *x) {
     return DTR_OK;
 }
 
+dtr_result dtr__grad_sumsq_range(dtr_model *m, int64_t b, int64_t e, double *out) {
+    dtr_result r = DTR_OK;
+    int64_t lo, hi;
+    int i = 0;
+    *out = 0.0;
+    if (!m->frozen || !dtr__host_memory(m->ctx)) return e > b ? m->ctx->backend->sumsq(m->ctx, m->grad + b, e - b, out) : DTR_OK;
+    while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi)) {   /* the frozen pages are not even read */
+        double x = 0.0;
+        lo = lo > b ? lo : b, hi = hi < e ? hi : e;
+        if (lo < hi) r = m->ctx->backend->sumsq(m->ctx, m->grad + lo, hi - lo, &x);
+        *out += x;
+    }
+    return r;
+}
+
 dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out) {
     dtr_context *ctx = m->ctx;
     dtr_comm *tp = NULL;
@@ -15313,7 +15339,7 @@ dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out
     for (i = 0; i < m->count && !tp; i++) tp = m->shards[i].comm;
     *out = 0.0;
     if (!tp || tp->mem_ctx)   /* a group of device memory (NCCL): this rank's own, in this version */
-        return e > b ? ctx->backend->sumsq(ctx, m->grad + b, e - b, out) : DTR_OK;
+        return dtr__grad_sumsq_range(m, b, e, out);
     for (i = 0; i < m->count && r == DTR_OK; i++) {   /* each parameter's part of [b, e) */
         int64_t lo = m->offsets[i] > b ? m->offsets[i] : b, hi = m->offsets[i] + dtr_tensor_numel(m->params[i]);
         double x = 0.0;
@@ -15368,7 +15394,8 @@ dtr_result dtr_model_build(dtr_model *m) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
         dtr__free(&ctx->alloc, host);
     }
-    ctx->backend->memset0(ctx, m->grad, bytes);
+    if (dtr__host_memory(ctx)) dtr__mem_discard(m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
+    else ctx->backend->memset0(ctx, m->grad, bytes);
     for (i = 0; i < m->count; i++) {
         m->params[i]->storage = m->data + m->offsets[i];
         m->params[i]->grad = m->grad + m->offsets[i];
@@ -15610,6 +15637,38 @@ void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
     m->grad_sharded = on, m->grad_lo = lo, m->grad_hi = hi;
 }
 
+int dtr__model_next_run(const dtr_model *m, int *i, int64_t *lo, int64_t *hi) {
+    int j;
+    while (*i < m->count && !dtr_model_param_trainable(m, *i)) (*i)++;
+    if (*i >= m->count) return 0;
+    for (j = *i + 1; j < m->count && dtr_model_param_trainable(m, j); j++) {}
+    *lo = m->offsets[*i], *hi = j < m->count ? m->offsets[j] : m->total;
+    *i = j;
+    return 1;
+}
+
+dtr_result dtr__model_grad_scale(dtr_model *m, float factor) {
+    dtr_result r = DTR_OK;
+    int64_t lo, hi;
+    int i = 0;
+    if (!m->frozen || !dtr__host_memory(m->ctx)) return m->ctx->backend->scale(m->ctx, m->grad, m->total, factor);
+    while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi)) r = m->ctx->backend->scale(m->ctx, m->grad + lo, hi - lo, factor);
+    return r;
+}
+
+/* host memory with frozen parameters: the trainable runs zeroed; the frozen ones stay zero (no
+   backward, update or data-parallel exchange writes them), their pages given back once after
+   each change of the trainable set (a parameter frozen with a gradient in it loses it) */
+static dtr_result dtr__zero_grad_runs(dtr_model *m) {
+    dtr_result r = DTR_OK;
+    int64_t lo, hi;
+    int i = 0;
+    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
+    while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi))
+        r = m->ctx->backend->memset0(m->ctx, m->grad + lo, (size_t)(hi - lo) * sizeof(float));
+    return r;
+}
+
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
@@ -15618,6 +15677,7 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
         dtr__mem_discard(m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
         return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
     }
+    if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
 
@@ -15851,7 +15911,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15855 "dtrain.h"
+#line 15915 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16311,7 +16371,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16315 "dtrain.h"
+#line 16375 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16587,7 +16647,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16591 "dtrain.h"
+#line 16651 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16824,7 +16884,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16828 "dtrain.h"
+#line 16888 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17079,7 +17139,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17083 "dtrain.h"
+#line 17143 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17476,7 +17536,7 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
     if (!isfinite(norm))   /* never scale by NaN: leave the gradients to the optimizer's policy */
         return dtr__note(ctx, DTR_NONFINITE, "dtr_clip_grad_norm: the gradients' global norm is %s: not clipped "
                          "(anomaly mode, dtr_context_set_anomaly, names the op that made it)", isnan(norm) ? "NaN" : "Inf");
-    if (norm > max_norm) return ctx->backend->scale(ctx, dtr_model_grads(m), dtr_model_numel(m), (float)(max_norm / (norm + 1e-6)));
+    if (norm > max_norm) return dtr__model_grad_scale(m, (float)(max_norm / (norm + 1e-6)));
     return DTR_OK;
 }
 
@@ -17499,7 +17559,6 @@ dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
 /* The norm of the floats an update over [begin, end) reads: the optimizer's norm for all of
  * them (the whole gradient, or the group's with shard_sum), else the range's own. */
 static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, double *norm) {
-    dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
     if (begin == o->base && end == o->base + o->len) {
@@ -17507,7 +17566,7 @@ static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, 
         *norm = o->given_norm;   /* the loss scaler's, measured on these gradients */
         return DTR_OK;
     }
-    r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
+    r = dtr__grad_sumsq_range(o->model, begin, end, &s);
     *norm = sqrt(s);
     return r;
 }
@@ -17857,7 +17916,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17861 "dtrain.h"
+#line 17920 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -17956,7 +18015,7 @@ dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer
         return dtr_optimizer_step(opt, stepped);
     /* the norm every rank agrees on: with ZeRO each rank holds the average of its shard only
        (elsewhere its own gradients), so the check sums the shards over the group */
-    if (n > 0 && ((r = ctx->backend->scale(ctx, g, n, 1.0f / ls->scale)) != DTR_OK ||
+    if (n > 0 && ((r = dtr__model_grad_scale(m, 1.0f / ls->scale)) != DTR_OK ||
                   (r = dtr__optimizer_grad_norm(opt, &norm)) != DTR_OK))
         return r;
     if (!isfinite(norm)) {   /* an inf or NaN somewhere: skip, back off, start the accumulation over */
@@ -17995,7 +18054,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 17999 "dtrain.h"
+#line 18058 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18342,7 +18401,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18346 "dtrain.h"
+#line 18405 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18408,7 +18467,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18412 "dtrain.h"
+#line 18471 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18645,7 +18704,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18649 "dtrain.h"
+#line 18708 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19394,7 +19453,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19398 "dtrain.h"
+#line 19457 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19847,7 +19906,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19851 "dtrain.h"
+#line 19910 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19903,7 +19962,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19907 "dtrain.h"
+#line 19966 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20745,7 +20804,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20749 "dtrain.h"
+#line 20808 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21326,7 +21385,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21330 "dtrain.h"
+#line 21389 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -21957,7 +22016,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 21961 "dtrain.h"
+#line 22020 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22753,7 +22812,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22757 "dtrain.h"
+#line 22816 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23106,7 +23165,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23110 "dtrain.h"
+#line 23169 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23296,7 +23355,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23300 "dtrain.h"
+#line 23359 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23477,7 +23536,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23481 "dtrain.h"
+#line 23540 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24252,7 +24311,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24256 "dtrain.h"
+#line 24315 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24769,7 +24828,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24773 "dtrain.h"
+#line 24832 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25564,7 +25623,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25568 "dtrain.h"
+#line 25627 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26812,7 +26871,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26816 "dtrain.h"
+#line 26875 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27434,7 +27493,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27438 "dtrain.h"
+#line 27497 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27935,7 +27994,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27939 "dtrain.h"
+#line 27998 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28665,7 +28724,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28669 "dtrain.h"
+#line 28728 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28901,7 +28960,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28905 "dtrain.h"
+#line 28964 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29030,7 +29089,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29034 "dtrain.h"
+#line 29093 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29480,7 +29539,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29484 "dtrain.h"
+#line 29543 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29973,7 +30032,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 29977 "dtrain.h"
+#line 30036 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30557,7 +30616,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30561 "dtrain.h"
+#line 30620 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31063,7 +31122,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31067 "dtrain.h"
+#line 31126 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32615,7 +32674,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32619 "dtrain.h"
+#line 32678 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32669,7 +32728,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32673 "dtrain.h"
+#line 32732 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33861,7 +33920,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33865 "dtrain.h"
+#line 33924 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34095,7 +34154,7 @@ static dtr_result dtr__tr_micro(dtr_trainer *tr, int64_t m, int wait_ms, int64_t
 static dtr_result dtr__tr_update(dtr_trainer *tr) {
     dtr_result r = DTR_OK;
     if (tr->acc != tr->batch)
-        r = tr->ctx->backend->scale(tr->ctx, dtr_model_grads(tr->cfg.model), tr->numel, (float)tr->batch / (float)tr->acc);
+        r = dtr__model_grad_scale(tr->cfg.model, (float)tr->batch / (float)tr->acc);
     if (r != DTR_OK || (r = dtr_optimizer_step(tr->opt, NULL)) != DTR_OK) return dtr__tr_fail(tr, r, "the optimizer step");
     tr->acc = 0;
     pthread_mutex_lock(&tr->smu);
@@ -34764,7 +34823,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34768 "dtrain.h"
+#line 34827 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36242,7 +36301,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36246 "dtrain.h"
+#line 36305 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36635,7 +36694,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36639 "dtrain.h"
+#line 36698 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36784,7 +36843,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36788 "dtrain.h"
+#line 36847 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

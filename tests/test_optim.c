@@ -15,8 +15,15 @@
  * *_decay_matrices cases) and by name (test_no_decay: "*bias" gives the same bits); a parameter
  * unfrozen after others' updates counts its own steps, as in torch (the *_thaw cases), and keeps
  * counting them through a save and load of the optimizer's state (test_thaw_state). */
+#if defined(__linux__)
+#define _DEFAULT_SOURCE   /* mincore */
+#endif
 #include "test.h"
 #include "fixtures/optim_fixtures.h"
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #define REL_TOL 1e-5
 #define REL_FLOOR 1e-2 /* below this magnitude the tolerance is absolute: 1e-7 */
@@ -760,6 +767,70 @@ static void frozen_case(dtr_optimizer_kind kind) {
     dtr_context_destroy(ctx);
 }
 
+#if defined(__linux__)
+/* pages of [p, p + bytes) in memory (mincore), the partial pages at the ends left out */
+static long resident_pages(const float *p, size_t bytes) {
+    long page = sysconf(_SC_PAGESIZE), n = 0, k;
+    uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    uintptr_t hi = ((uintptr_t)p + bytes) / (uintptr_t)page * (uintptr_t)page;
+    unsigned char vec[4096];
+    if (hi <= lo || (hi - lo) / (uintptr_t)page > sizeof vec || mincore((void *)lo, hi - lo, vec) != 0) return -1;
+    for (k = 0; k < (long)((hi - lo) / (uintptr_t)page); k++) n += vec[k] & 1;
+    return n;
+}
+#endif
+
+/* A large frozen body's gradient takes no memory on the CPU: after steps with clipping and
+   loss scaling its gradient pages are not resident (the trainable head's are), and read zero.
+   Unfrozen, they fill in; frozen again, they are given back. */
+static void test_frozen_grad_memory(void) {
+#if defined(__linux__)
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_optimizer *o = NULL;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    dtr_loss_scaler *ls = NULL;
+    dtr_loss_scaler_config lc = dtr_loss_scaler_config_init();
+    const char *body[1] = {"body"};
+    int64_t bs[2] = {512, 1024}, hs[2] = {1024, 1}, xs[2] = {4, 512};   /* body: 2 MiB of floats */
+    dtr_tensor *w, *h;
+    float x[4 * 512], g[64];
+    size_t bytes = 512 * 1024 * sizeof(float);
+    int t, k;
+    for (k = 0; k < 4 * 512; k++) x[k] = (float)sin(0.01 * k);
+    CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
+    w = dtr_model_param(m, "body", 2, bs, DTR_INIT_NORMAL, 0.02f);
+    h = dtr_model_param(m, "head", 2, hs, DTR_INIT_NORMAL, 0.02f);
+    CHECK_OK(ctx, dtr_model_set_trainable(m, body, 1, 0));
+    oc.clip_norm = 1e-3f;   /* clipping scales the gradients every step */
+    CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &o));
+    CHECK_OK(ctx, dtr_loss_scaler_create(&lc, &ls));
+    for (t = 0; t < 6; t++) {
+        dtr_tensor *y;
+        if (t == 3) CHECK_OK(ctx, dtr_model_set_trainable(m, body, 1, 1));
+        if (t == 4) CHECK_OK(ctx, dtr_model_set_trainable(m, body, 1, 0));
+        y = dtr_matmul(ctx, dtr_matmul(ctx, dtr_tensor_from(ctx, DTR_F32, 2, xs, x), w), h);
+        y = dtr_mean_all(ctx, dtr_mul(ctx, y, y));
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_loss_scaler_scale(ls, ctx, y)));
+        if (t == 3) CHECK(resident_pages(dtr_tensor_grad(w), bytes) > 0);   /* unfrozen: written */
+        CHECK_OK(ctx, dtr_loss_scaler_step(ls, m, o, NULL));
+        dtr_context_reset(ctx);
+        if (t != 3)
+            CHECK_MSG(resident_pages(dtr_tensor_grad(w), bytes) == 0, "step %d: %ld of the frozen body's gradient pages "
+                      "resident", t, resident_pages(dtr_tensor_grad(w), bytes));
+    }
+    memcpy(g, dtr_tensor_grad(w) + 100000, sizeof g);
+    for (k = 0; k < 64 && g[k] == 0.0f; k++) {}
+    CHECK(k == 64);
+    dtr_loss_scaler_destroy(ls);
+    dtr_optimizer_destroy(o);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+#else
+    printf("     SKIP: mincore is Linux's\n");
+#endif
+}
+
 /* no_decay by name ("*bias", the pattern array gone after create) gives decay_matrices_only's
    bits on the MLP (whose only 1-D parameters are its biases), and differs from decaying all */
 static void test_no_decay(void) {
@@ -808,6 +879,7 @@ int main(void) {
     RUN(test_lamb_zero_param);
     RUN(test_frozen);
     RUN(test_thaw_state);
+    RUN(test_frozen_grad_memory);
     RUN(test_no_decay);
     RUN(test_config_defaults);
     RUN(test_invalid_configs);

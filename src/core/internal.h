@@ -857,6 +857,13 @@ DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
 /** A number that changes with every change of the model's trainable set (an optimizer lays its
  *  state out again when it differs from the one it saw). */
 DTR__PRIVATE unsigned dtr__model_trainable_gen(const dtr_model *m);
+/** The next run of trainable parameters from parameter *i on: their floats [*lo, *hi) (to the
+ *  next parameter's offset: the padding between them included); *i moves past it. 0 when no
+ *  trainable parameter is left. */
+DTR__PRIVATE int dtr__model_next_run(const dtr_model *m, int *i, int64_t *lo, int64_t *hi);
+/** Gradients *= factor: the whole buffer, or on host memory with frozen parameters their runs of
+ *  trainable ones only (the frozen ones' zeros, and their unmapped pages, left alone). */
+DTR__PRIVATE dtr_result dtr__model_grad_scale(dtr_model *m, float factor);
 /** The recurrence op `op` (DTR_OP_LSTM, DTR_OP_GRU; inputs gx, w_hh, b_hh, h0, c0 (the GRU's
  *  NULL), lengths) -> y (T, B, 2H | H), errors naming fn. lengths: B host values in 1..T
  *  (checked by the caller; a row past its length carries its state: y = the step before's),
@@ -900,6 +907,9 @@ DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const 
  *  one group per model; a group of device memory is not summed) and the replicated
  *  parameters' once. */
 DTR__PRIVATE dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out);
+/** This rank's sum of squares of gradient floats [b, e) (on host memory with frozen parameters
+ *  the trainable runs' only: the frozen ones' zeros are not read). */
+DTR__PRIVATE dtr_result dtr__grad_sumsq_range(dtr_model *m, int64_t b, int64_t e, double *out);
 /** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
 DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);
 /** Gathers the shard `t` of every rank into `full` (f32, the full shape). Collective. */

@@ -228,7 +228,7 @@ static dtr_result dtr__tr_micro(dtr_trainer *tr, int64_t m, int wait_ms, int64_t
 static dtr_result dtr__tr_update(dtr_trainer *tr) {
     dtr_result r = DTR_OK;
     if (tr->acc != tr->batch)
-        r = tr->ctx->backend->scale(tr->ctx, dtr_model_grads(tr->cfg.model), tr->numel, (float)tr->batch / (float)tr->acc);
+        r = dtr__model_grad_scale(tr->cfg.model, (float)tr->batch / (float)tr->acc);
     if (r != DTR_OK || (r = dtr_optimizer_step(tr->opt, NULL)) != DTR_OK) return dtr__tr_fail(tr, r, "the optimizer step");
     tr->acc = 0;
     pthread_mutex_lock(&tr->smu);

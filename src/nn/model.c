@@ -25,6 +25,7 @@ struct dtr_model {
     int64_t total;        /* floats in each buffer, padding included */
     int frozen;           /* parameters set not trainable (dtr_model_set_trainable) */
     unsigned trainable_gen;   /* bumped by every change of the trainable set (optimizers lay out their state again) */
+    unsigned grad_gen;        /* the trainable set zero_grad last cleared the whole gradient buffer for */
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
@@ -271,6 +272,21 @@ static dtr_result dtr__model_init_param(dtr_model *m, int i, float *x) {
     return DTR_OK;
 }
 
+dtr_result dtr__grad_sumsq_range(dtr_model *m, int64_t b, int64_t e, double *out) {
+    dtr_result r = DTR_OK;
+    int64_t lo, hi;
+    int i = 0;
+    *out = 0.0;
+    if (!m->frozen || !dtr__host_memory(m->ctx)) return e > b ? m->ctx->backend->sumsq(m->ctx, m->grad + b, e - b, out) : DTR_OK;
+    while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi)) {   /* the frozen pages are not even read */
+        double x = 0.0;
+        lo = lo > b ? lo : b, hi = hi < e ? hi : e;
+        if (lo < hi) r = m->ctx->backend->sumsq(m->ctx, m->grad + lo, hi - lo, &x);
+        *out += x;
+    }
+    return r;
+}
+
 dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out) {
     dtr_context *ctx = m->ctx;
     dtr_comm *tp = NULL;
@@ -280,7 +296,7 @@ dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out
     for (i = 0; i < m->count && !tp; i++) tp = m->shards[i].comm;
     *out = 0.0;
     if (!tp || tp->mem_ctx)   /* a group of device memory (NCCL): this rank's own, in this version */
-        return e > b ? ctx->backend->sumsq(ctx, m->grad + b, e - b, out) : DTR_OK;
+        return dtr__grad_sumsq_range(m, b, e, out);
     for (i = 0; i < m->count && r == DTR_OK; i++) {   /* each parameter's part of [b, e) */
         int64_t lo = m->offsets[i] > b ? m->offsets[i] : b, hi = m->offsets[i] + dtr_tensor_numel(m->params[i]);
         double x = 0.0;
@@ -335,7 +351,8 @@ dtr_result dtr_model_build(dtr_model *m) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
         dtr__free(&ctx->alloc, host);
     }
-    ctx->backend->memset0(ctx, m->grad, bytes);
+    if (dtr__host_memory(ctx)) dtr__mem_discard(m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
+    else ctx->backend->memset0(ctx, m->grad, bytes);
     for (i = 0; i < m->count; i++) {
         m->params[i]->storage = m->data + m->offsets[i];
         m->params[i]->grad = m->grad + m->offsets[i];
@@ -577,6 +594,38 @@ void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
     m->grad_sharded = on, m->grad_lo = lo, m->grad_hi = hi;
 }
 
+int dtr__model_next_run(const dtr_model *m, int *i, int64_t *lo, int64_t *hi) {
+    int j;
+    while (*i < m->count && !dtr_model_param_trainable(m, *i)) (*i)++;
+    if (*i >= m->count) return 0;
+    for (j = *i + 1; j < m->count && dtr_model_param_trainable(m, j); j++) {}
+    *lo = m->offsets[*i], *hi = j < m->count ? m->offsets[j] : m->total;
+    *i = j;
+    return 1;
+}
+
+dtr_result dtr__model_grad_scale(dtr_model *m, float factor) {
+    dtr_result r = DTR_OK;
+    int64_t lo, hi;
+    int i = 0;
+    if (!m->frozen || !dtr__host_memory(m->ctx)) return m->ctx->backend->scale(m->ctx, m->grad, m->total, factor);
+    while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi)) r = m->ctx->backend->scale(m->ctx, m->grad + lo, hi - lo, factor);
+    return r;
+}
+
+/* host memory with frozen parameters: the trainable runs zeroed; the frozen ones stay zero (no
+   backward, update or data-parallel exchange writes them), their pages given back once after
+   each change of the trainable set (a parameter frozen with a gradient in it loses it) */
+static dtr_result dtr__zero_grad_runs(dtr_model *m) {
+    dtr_result r = DTR_OK;
+    int64_t lo, hi;
+    int i = 0;
+    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
+    while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi))
+        r = m->ctx->backend->memset0(m->ctx, m->grad + lo, (size_t)(hi - lo) * sizeof(float));
+    return r;
+}
+
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
@@ -585,6 +634,7 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
         dtr__mem_discard(m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
         return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
     }
+    if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
 

@@ -93,7 +93,7 @@ dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer
         return dtr_optimizer_step(opt, stepped);
     /* the norm every rank agrees on: with ZeRO each rank holds the average of its shard only
        (elsewhere its own gradients), so the check sums the shards over the group */
-    if (n > 0 && ((r = ctx->backend->scale(ctx, g, n, 1.0f / ls->scale)) != DTR_OK ||
+    if (n > 0 && ((r = dtr__model_grad_scale(m, 1.0f / ls->scale)) != DTR_OK ||
                   (r = dtr__optimizer_grad_norm(opt, &norm)) != DTR_OK))
         return r;
     if (!isfinite(norm)) {   /* an inf or NaN somewhere: skip, back off, start the accumulation over */

@@ -391,7 +391,7 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
     if (!isfinite(norm))   /* never scale by NaN: leave the gradients to the optimizer's policy */
         return dtr__note(ctx, DTR_NONFINITE, "dtr_clip_grad_norm: the gradients' global norm is %s: not clipped "
                          "(anomaly mode, dtr_context_set_anomaly, names the op that made it)", isnan(norm) ? "NaN" : "Inf");
-    if (norm > max_norm) return ctx->backend->scale(ctx, dtr_model_grads(m), dtr_model_numel(m), (float)(max_norm / (norm + 1e-6)));
+    if (norm > max_norm) return dtr__model_grad_scale(m, (float)(max_norm / (norm + 1e-6)));
     return DTR_OK;
 }
 
@@ -414,7 +414,6 @@ dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
 /* The norm of the floats an update over [begin, end) reads: the optimizer's norm for all of
  * them (the whole gradient, or the group's with shard_sum), else the range's own. */
 static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, double *norm) {
-    dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
     if (begin == o->base && end == o->base + o->len) {
@@ -422,7 +421,7 @@ static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, 
         *norm = o->given_norm;   /* the loss scaler's, measured on these gradients */
         return DTR_OK;
     }
-    r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
+    r = dtr__grad_sumsq_range(o->model, begin, end, &s);
     *norm = sqrt(s);
     return r;
 }
