@@ -985,7 +985,9 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
  *  optimizers leave its values alone, weight decay included, and keep no state for it (Adam's
  *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
- *  stays (its gradient zeros, which data parallelism without ZeRO does not send). Takes effect at the next backward and
+ *  stays (its gradient zeros, which data parallelism without ZeRO does not send; in host memory
+ *  their pages are given back to the system at the next dtr_model_zero_grad and never read,
+ *  so a frozen body's gradient takes no memory on the CPU; a GPU keeps the whole buffer). Takes effect at the next backward and
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
@@ -4846,7 +4848,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4850 "dtrain.h"
+#line 4852 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4873,8 +4875,10 @@ DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** Host floats [p, p + n) whose values are no longer needed: the whole pages inside go back to
  *  the system (Linux: madvise DONTNEED; they read as zeros until written), the rest is set to
- *  `fill` (NaN: a read of discarded values shows; 0: the range reads as zeros throughout). */
-DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n, float fill);
+ *  `fill` (NaN: a read of discarded values shows; 0: the range reads as zeros throughout).
+ *  Memory from the application's allocation callbacks `a` (which may be a shared mapping that
+ *  DONTNEED does not zero) is only filled. */
+DTR__PRIVATE void dtr__mem_discard(const dtr_allocation_callbacks *a, float *p, int64_t n, float fill);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 
@@ -5773,7 +5777,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5777 "dtrain.h"
+#line 5781 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6271,7 +6275,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6275 "dtrain.h"
+#line 6279 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6333,7 +6337,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6337 "dtrain.h"
+#line 6341 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6712,7 +6716,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6716 "dtrain.h"
+#line 6720 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6755,7 +6759,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6759 "dtrain.h"
+#line 6763 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6792,7 +6796,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6796 "dtrain.h"
+#line 6800 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6851,7 +6855,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6855 "dtrain.h"
+#line 6859 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6925,7 +6929,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6929 "dtrain.h"
+#line 6933 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6993,7 +6997,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6997 "dtrain.h"
+#line 7001 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7045,11 +7049,11 @@ void dtr__free(const dtr_allocation_callbacks *a, void *p) {
     free(p);
 }
 
-void dtr__mem_discard(float *p, int64_t n, float fill) {
+void dtr__mem_discard(const dtr_allocation_callbacks *a, float *p, int64_t n, float fill) {
     char *b = (char *)p, *e = (char *)(p + (n > 0 ? n : 0)), *lo = b, *hi = b;
 #if defined(__linux__) && defined(MADV_DONTNEED)
     long page = sysconf(_SC_PAGESIZE);
-    if (page > 0) {
+    if (page > 0 && !(a && a->malloc_fn)) {
         lo = (char *)(((uintptr_t)b + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page);
         hi = (char *)((uintptr_t)e / (uintptr_t)page * (uintptr_t)page);
         if (hi <= lo || madvise(lo, (size_t)(hi - lo), MADV_DONTNEED) != 0) lo = hi = b;
@@ -7068,7 +7072,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7072 "dtrain.h"
+#line 7076 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7420,7 +7424,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7424 "dtrain.h"
+#line 7428 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8383,7 +8387,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8387 "dtrain.h"
+#line 8391 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9058,7 +9062,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9062 "dtrain.h"
+#line 9066 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9149,7 +9153,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9153 "dtrain.h"
+#line 9157 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9631,7 +9635,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9635 "dtrain.h"
+#line 9639 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9886,7 +9890,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9890 "dtrain.h"
+#line 9894 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10119,7 +10123,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10123 "dtrain.h"
+#line 10127 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10238,7 +10242,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10242 "dtrain.h"
+#line 10246 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10294,7 +10298,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10298 "dtrain.h"
+#line 10302 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10692,7 +10696,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10696 "dtrain.h"
+#line 10700 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10957,7 +10961,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10961 "dtrain.h"
+#line 10965 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11521,7 +11525,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11525 "dtrain.h"
+#line 11529 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11703,7 +11707,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11707 "dtrain.h"
+#line 11711 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13333,7 +13337,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13337 "dtrain.h"
+#line 13341 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14240,7 +14244,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14244 "dtrain.h"
+#line 14248 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14502,7 +14506,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14506 "dtrain.h"
+#line 14510 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14903,7 +14907,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14907 "dtrain.h"
+#line 14911 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15037,7 +15041,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15041 "dtrain.h"
+#line 15045 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15394,7 +15398,7 @@ dtr_result dtr_model_build(dtr_model *m) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
         dtr__free(&ctx->alloc, host);
     }
-    if (dtr__host_memory(ctx)) dtr__mem_discard(m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
+    if (dtr__host_memory(ctx)) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
     else ctx->backend->memset0(ctx, m->grad, bytes);
     for (i = 0; i < m->count; i++) {
         m->params[i]->storage = m->data + m->offsets[i];
@@ -15663,7 +15667,7 @@ static dtr_result dtr__zero_grad_runs(dtr_model *m) {
     dtr_result r = DTR_OK;
     int64_t lo, hi;
     int i = 0;
-    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
+    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
     while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi))
         r = m->ctx->backend->memset0(m->ctx, m->grad + lo, (size_t)(hi - lo) * sizeof(float));
     return r;
@@ -15673,8 +15677,8 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
     if (m->grad_sharded && dtr__host_memory(m->ctx)) {   /* ZeRO-3: outside the shard, memory back to the system */
-        dtr__mem_discard(m->grad, m->grad_lo, 0.0f);
-        dtr__mem_discard(m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
+        dtr__mem_discard(&m->ctx->alloc, m->grad, m->grad_lo, 0.0f);
+        dtr__mem_discard(&m->ctx->alloc, m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
         return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
     }
     if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
@@ -15911,7 +15915,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15915 "dtrain.h"
+#line 15919 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16371,7 +16375,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16375 "dtrain.h"
+#line 16379 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16647,7 +16651,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16651 "dtrain.h"
+#line 16655 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16884,7 +16888,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16888 "dtrain.h"
+#line 16892 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17139,7 +17143,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17143 "dtrain.h"
+#line 17147 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17916,7 +17920,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17920 "dtrain.h"
+#line 17924 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18054,7 +18058,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18058 "dtrain.h"
+#line 18062 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18401,7 +18405,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18405 "dtrain.h"
+#line 18409 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18467,7 +18471,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18471 "dtrain.h"
+#line 18475 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18704,7 +18708,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18708 "dtrain.h"
+#line 18712 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19453,7 +19457,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19457 "dtrain.h"
+#line 19461 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19906,7 +19910,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19910 "dtrain.h"
+#line 19914 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19962,7 +19966,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19966 "dtrain.h"
+#line 19970 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20804,7 +20808,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20808 "dtrain.h"
+#line 20812 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21385,7 +21389,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21389 "dtrain.h"
+#line 21393 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22016,7 +22020,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22020 "dtrain.h"
+#line 22024 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22812,7 +22816,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22816 "dtrain.h"
+#line 22820 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23165,7 +23169,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23169 "dtrain.h"
+#line 23173 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23355,7 +23359,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23359 "dtrain.h"
+#line 23363 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23536,7 +23540,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23540 "dtrain.h"
+#line 23544 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24311,7 +24315,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24315 "dtrain.h"
+#line 24319 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24828,7 +24832,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24832 "dtrain.h"
+#line 24836 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25623,7 +25627,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25627 "dtrain.h"
+#line 25631 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26871,7 +26875,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26875 "dtrain.h"
+#line 26879 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27493,7 +27497,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27497 "dtrain.h"
+#line 27501 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27994,7 +27998,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 27998 "dtrain.h"
+#line 28002 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28724,7 +28728,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28728 "dtrain.h"
+#line 28732 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28960,7 +28964,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28964 "dtrain.h"
+#line 28968 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29089,7 +29093,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29093 "dtrain.h"
+#line 29097 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29539,7 +29543,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29543 "dtrain.h"
+#line 29547 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -29729,8 +29733,8 @@ static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + 
 /* discards floats [begin, end) of buffer x outside this rank's shard (fill: see dtr__mem_discard) */
 static void dtr__zero3_discard(const dtr__zero *z, float *x, int64_t begin, int64_t end, float fill) {
     int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
-    if (begin < sb) dtr__mem_discard(x + begin, (end < sb ? end : sb) - begin, fill);
-    if (end > se) dtr__mem_discard(x + (begin > se ? begin : se), end - (begin > se ? begin : se), fill);
+    if (begin < sb) dtr__mem_discard(&z->ctx->alloc, x + begin, (end < sb ? end : sb) - begin, fill);
+    if (end > se) dtr__mem_discard(&z->ctx->alloc, x + (begin > se ? begin : se), end - (begin > se ? begin : se), fill);
 }
 
 /* posts a send or receive of `bytes` at buf to/from rank p into q */
@@ -30032,7 +30036,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30036 "dtrain.h"
+#line 30040 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30616,7 +30620,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30620 "dtrain.h"
+#line 30624 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31122,7 +31126,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31126 "dtrain.h"
+#line 31130 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32674,7 +32678,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32678 "dtrain.h"
+#line 32682 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32728,7 +32732,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32732 "dtrain.h"
+#line 32736 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33920,7 +33924,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33924 "dtrain.h"
+#line 33928 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34823,7 +34827,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34827 "dtrain.h"
+#line 34831 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36301,7 +36305,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36305 "dtrain.h"
+#line 36309 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36694,7 +36698,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36698 "dtrain.h"
+#line 36702 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36843,7 +36847,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36847 "dtrain.h"
+#line 36851 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -831,6 +831,74 @@ static void test_frozen_grad_memory(void) {
 #endif
 }
 
+#if defined(__linux__)
+/* allocation callbacks handing out shared mappings filled with 0xff bytes (NaNs), as a pool
+   that reuses memory might: madvise DONTNEED neither zeroes nor frees such pages */
+static void *shared_alloc(size_t bytes, void *user) {
+    size_t *p = (size_t *)mmap(NULL, bytes + 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    (void)user;
+    if (p == MAP_FAILED) return NULL;
+    memset(p, 0xff, bytes + 64);
+    p[0] = bytes + 64;
+    return (char *)p + 64;
+}
+static void shared_free(void *q, void *user) {
+    (void)user;
+    if (q) munmap((char *)q - 64, *(size_t *)((char *)q - 64));
+}
+static void *shared_realloc(void *q, size_t bytes, void *user) {
+    void *n = shared_alloc(bytes, user);
+    size_t old = q ? *(size_t *)((char *)q - 64) - 64 : 0;
+    if (n && q) memcpy(n, q, old < bytes ? old : bytes);
+    if (n) shared_free(q, user);
+    return n;
+}
+#endif
+
+/* The same frozen body on such an allocator: the gradients still start and stay zero (the
+   library fills what it would have given back), so training stays finite */
+static void test_grad_memory_callbacks(void) {
+#if defined(__linux__)
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    dtr_model *m = NULL;
+    dtr_optimizer *o = NULL;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    const char *body[1] = {"body"};
+    int64_t bs[2] = {256, 1024}, hs[2] = {1024, 1}, xs[2] = {4, 256};
+    dtr_tensor *w, *h, *y;
+    float x[4 * 256], head[1024];
+    int t, k;
+    cc.threads = 1;
+    cc.alloc.malloc_fn = shared_alloc, cc.alloc.realloc_fn = shared_realloc, cc.alloc.free_fn = shared_free;
+    CHECK_OK(ctx, dtr_context_create(&cc, &ctx));
+    if (!ctx) return;
+    for (k = 0; k < 4 * 256; k++) x[k] = (float)cos(0.01 * k);
+    CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
+    w = dtr_model_param(m, "body", 2, bs, DTR_INIT_NORMAL, 0.02f);
+    h = dtr_model_param(m, "head", 2, hs, DTR_INIT_NORMAL, 0.02f);
+    CHECK_OK(ctx, dtr_model_build(m));
+    CHECK(dtr_tensor_grad(h)[0] == 0.0f && dtr_tensor_grad(w)[12345] == 0.0f);
+    CHECK_OK(ctx, dtr_model_set_trainable(m, body, 1, 0));
+    CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &o));
+    for (t = 0; t < 3; t++) {
+        y = dtr_matmul(ctx, dtr_matmul(ctx, dtr_tensor_from(ctx, DTR_F32, 2, xs, x), w), h);
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_mean_all(ctx, dtr_mul(ctx, y, y))));
+        CHECK_OK(ctx, dtr_optimizer_step(o, NULL));
+        dtr_context_reset(ctx);
+    }
+    dtr_tensor_read(h, DTR_F32, head, 1024);
+    for (k = 0; k < 1024 && isfinite(head[k]); k++) {}
+    CHECK_MSG(k == 1024, "head[%d] = %g after 3 steps", k, k < 1024 ? (double)head[k] : 0.0);
+    CHECK(dtr_tensor_grad(w)[12345] == 0.0f && dtr_tensor_grad(h)[7] == 0.0f);
+    dtr_optimizer_destroy(o);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+#else
+    printf("     SKIP: shared mappings through mmap are Linux's here\n");
+#endif
+}
+
 /* no_decay by name ("*bias", the pattern array gone after create) gives decay_matrices_only's
    bits on the MLP (whose only 1-D parameters are its biases), and differs from decaying all */
 static void test_no_decay(void) {
@@ -880,6 +948,7 @@ int main(void) {
     RUN(test_frozen);
     RUN(test_thaw_state);
     RUN(test_frozen_grad_memory);
+    RUN(test_grad_memory_callbacks);
     RUN(test_no_decay);
     RUN(test_config_defaults);
     RUN(test_invalid_configs);

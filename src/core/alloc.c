@@ -39,11 +39,11 @@ void dtr__free(const dtr_allocation_callbacks *a, void *p) {
     free(p);
 }
 
-void dtr__mem_discard(float *p, int64_t n, float fill) {
+void dtr__mem_discard(const dtr_allocation_callbacks *a, float *p, int64_t n, float fill) {
     char *b = (char *)p, *e = (char *)(p + (n > 0 ? n : 0)), *lo = b, *hi = b;
 #if defined(__linux__) && defined(MADV_DONTNEED)
     long page = sysconf(_SC_PAGESIZE);
-    if (page > 0) {
+    if (page > 0 && !(a && a->malloc_fn)) {
         lo = (char *)(((uintptr_t)b + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page);
         hi = (char *)((uintptr_t)e / (uintptr_t)page * (uintptr_t)page);
         if (hi <= lo || madvise(lo, (size_t)(hi - lo), MADV_DONTNEED) != 0) lo = hi = b;

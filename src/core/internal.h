@@ -21,8 +21,10 @@ DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** Host floats [p, p + n) whose values are no longer needed: the whole pages inside go back to
  *  the system (Linux: madvise DONTNEED; they read as zeros until written), the rest is set to
- *  `fill` (NaN: a read of discarded values shows; 0: the range reads as zeros throughout). */
-DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n, float fill);
+ *  `fill` (NaN: a read of discarded values shows; 0: the range reads as zeros throughout).
+ *  Memory from the application's allocation callbacks `a` (which may be a shared mapping that
+ *  DONTNEED does not zero) is only filled. */
+DTR__PRIVATE void dtr__mem_discard(const dtr_allocation_callbacks *a, float *p, int64_t n, float fill);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 

@@ -184,8 +184,8 @@ static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + 
 /* discards floats [begin, end) of buffer x outside this rank's shard (fill: see dtr__mem_discard) */
 static void dtr__zero3_discard(const dtr__zero *z, float *x, int64_t begin, int64_t end, float fill) {
     int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
-    if (begin < sb) dtr__mem_discard(x + begin, (end < sb ? end : sb) - begin, fill);
-    if (end > se) dtr__mem_discard(x + (begin > se ? begin : se), end - (begin > se ? begin : se), fill);
+    if (begin < sb) dtr__mem_discard(&z->ctx->alloc, x + begin, (end < sb ? end : sb) - begin, fill);
+    if (end > se) dtr__mem_discard(&z->ctx->alloc, x + (begin > se ? begin : se), end - (begin > se ? begin : se), fill);
 }
 
 /* posts a send or receive of `bytes` at buf to/from rank p into q */

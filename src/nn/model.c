@@ -351,7 +351,7 @@ dtr_result dtr_model_build(dtr_model *m) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
         dtr__free(&ctx->alloc, host);
     }
-    if (dtr__host_memory(ctx)) dtr__mem_discard(m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
+    if (dtr__host_memory(ctx)) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
     else ctx->backend->memset0(ctx, m->grad, bytes);
     for (i = 0; i < m->count; i++) {
         m->params[i]->storage = m->data + m->offsets[i];
@@ -620,7 +620,7 @@ static dtr_result dtr__zero_grad_runs(dtr_model *m) {
     dtr_result r = DTR_OK;
     int64_t lo, hi;
     int i = 0;
-    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
+    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
     while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi))
         r = m->ctx->backend->memset0(m->ctx, m->grad + lo, (size_t)(hi - lo) * sizeof(float));
     return r;
@@ -630,8 +630,8 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
     if (m->grad_sharded && dtr__host_memory(m->ctx)) {   /* ZeRO-3: outside the shard, memory back to the system */
-        dtr__mem_discard(m->grad, m->grad_lo, 0.0f);
-        dtr__mem_discard(m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
+        dtr__mem_discard(&m->ctx->alloc, m->grad, m->grad_lo, 0.0f);
+        dtr__mem_discard(&m->ctx->alloc, m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
         return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
     }
     if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
