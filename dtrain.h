@@ -3337,6 +3337,10 @@ typedef struct dtr_tp_linear {
     int row;                   /**< 1: row-parallel, 0: column-parallel */
     int gather;                /**< column-parallel: the forward returns the full output */
     dtr_comm *comm;            /**< the tensor-parallel group */
+    int parts;                 /**< blocks of the split axis sharded each (3: attention's q, k and v) */
+    dtr_tensor *lora_a, *lora_b;   /**< a LoRA adapter (dtr_tp_linear_add_lora): this rank's part; or NULL */
+    float lora_scale;          /**< alpha / rank */
+    float lora_dropout;        /**< dropout on the adapter's input while training (0 by default) */
 } dtr_tp_linear;
 
 /** Declares a column-parallel linear layer `name` (weight (out, in) and bias (out) of the full
@@ -3351,8 +3355,23 @@ DTR_API dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
                                           int64_t in, int64_t out, int bias, dtr_init init);
+/** Adds a LoRA adapter of `rank` and `alpha` to a tensor-parallel linear layer of m, before
+ *  dtr_model_build, split as the layer is (Megatron's LoRA): column-parallel, A "<name>.lora_A.weight"
+ *  (rank, in) whole on every rank and B "<name>.lora_B.weight" (out, rank) sharded as the
+ *  weight's rows; row-parallel, A sharded as the weight's columns and B whole. Initialised and
+ *  saved as dtr_linear_layer_add_lora's full tensors: a file trained on tp ranks loads into the
+ *  single-device layers, and back. The forward adds (alpha / rank) (x A^T) B^T with one more
+ *  collective of rank-wide rows: column-parallel, x A^T's gradient summed over the group in
+ *  backward; row-parallel, x A_r^T summed in forward. Set layer->lora_dropout after this call
+ *  (column-parallel: the ranks' contexts must draw alike, the same seed). @return as
+ *  dtr_linear_layer_add_lora. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_linear_add_lora(dtr_tp_linear *layer, dtr_model *m, int rank, float alpha);
+/** Folds this rank's part of the adapter into its shard of the weight (W_r += (alpha / rank)
+ *  B_r A, or B A_r) and sets B to zero: local, no communication. @return as
+ *  dtr_linear_layer_merge_lora. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_linear_merge_lora(dtr_tp_linear *layer);
 /** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) dtr_tp_gather. Row: dtr_tp_reduce(x W_shard^T) +
- *  bias. @return the output or NULL with the context's error. Collective over l->comm.
+ *  bias. With an adapter (dtr_tp_linear_add_lora) its product is added before the gather. @return the output or NULL with the context's error. Collective over l->comm.
  *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
 DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
 
@@ -4848,7 +4867,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4852 "dtrain.h"
+#line 4871 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5745,6 +5764,13 @@ typedef struct dtr__shard {
     int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
 } dtr__shard;
 
+/** A LoRA adapter of `rank` and `alpha` may go on the layer of `weight` ("<name>.weight", none
+ *  yet: `a` NULL): "<name>" into base (cap bytes), or the error recorded, naming fn. */
+DTR__PRIVATE dtr_result dtr__lora_check(dtr_model *m, const char *fn, const dtr_tensor *weight, const dtr_tensor *a, int rank,
+                                        float alpha, char *base, size_t cap);
+/** weight (out, in) += scale b (out, r) a (r, in), accumulated in double, then b = 0 (the layer's
+ *  output stays); errors name fn. */
+DTR__PRIVATE dtr_result dtr__lora_merge(const char *fn, dtr_tensor *weight, dtr_tensor *a, dtr_tensor *b, float scale);
 /** "<prefix>.<suffix>" (just suffix for an empty or NULL prefix) into buf; returns buf. */
 DTR__PRIVATE const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix);
 /** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
@@ -5777,7 +5803,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5781 "dtrain.h"
+#line 5807 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6275,7 +6301,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6279 "dtrain.h"
+#line 6305 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6337,7 +6363,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6341 "dtrain.h"
+#line 6367 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6669,7 +6695,7 @@ typedef struct dtr__watchdog {
     volatile int won;          /* this rank's failure is the one the abort key holds */
     int64_t ok_ns;             /* when the store last answered a whole round (under mu) */
     int64_t tick_ns;           /* the thread's last wake-up (under mu): old when this process was stopped */
-    volatile int in_store;     /* the thread is in a store call (which may wait for a silent store) */
+    int in_store;              /* the thread is in a store call (which may wait for a silent store); atomic */
     pthread_t thread;
     int inited, on, stop;
     pthread_mutex_t mu;
@@ -6716,7 +6742,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6720 "dtrain.h"
+#line 6746 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6759,7 +6785,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6763 "dtrain.h"
+#line 6789 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6796,7 +6822,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6800 "dtrain.h"
+#line 6826 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6855,7 +6881,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6859 "dtrain.h"
+#line 6885 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6929,7 +6955,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6933 "dtrain.h"
+#line 6959 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6997,7 +7023,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7001 "dtrain.h"
+#line 7027 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7072,7 +7098,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7076 "dtrain.h"
+#line 7102 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7424,7 +7450,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7428 "dtrain.h"
+#line 7454 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8387,7 +8413,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8391 "dtrain.h"
+#line 8417 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9062,7 +9088,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9066 "dtrain.h"
+#line 9092 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9153,7 +9179,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9157 "dtrain.h"
+#line 9183 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9635,7 +9661,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9639 "dtrain.h"
+#line 9665 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9890,7 +9916,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9894 "dtrain.h"
+#line 9920 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10123,7 +10149,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10127 "dtrain.h"
+#line 10153 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10242,7 +10268,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10246 "dtrain.h"
+#line 10272 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10298,7 +10324,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10302 "dtrain.h"
+#line 10328 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10696,7 +10722,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10700 "dtrain.h"
+#line 10726 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10961,7 +10987,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10965 "dtrain.h"
+#line 10991 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11525,7 +11551,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11529 "dtrain.h"
+#line 11555 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11707,7 +11733,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11711 "dtrain.h"
+#line 11737 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13337,7 +13363,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13341 "dtrain.h"
+#line 13367 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14244,7 +14270,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14248 "dtrain.h"
+#line 14274 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14506,7 +14532,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14510 "dtrain.h"
+#line 14536 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14907,7 +14933,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14911 "dtrain.h"
+#line 14937 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15041,7 +15067,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15045 "dtrain.h"
+#line 15071 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15915,7 +15941,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15919 "dtrain.h"
+#line 15945 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -15982,25 +16008,29 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
 
 /* ---- LoRA adapters ---- */
 
-dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *l, dtr_model *m, int rank, float alpha) {
-    dtr_context *ctx;
-    const char *wn;
-    char base[256];
-    size_t n;
-    int64_t as[2], bs[2];
-    if (!l || !m) return DTR_NULL_HANDLE;
-    ctx = dtr_model_context(m);
-    wn = l->weight ? dtr_tensor_name(l->weight) : NULL;
-    n = wn ? strlen(wn) : 0;
-    if (n <= 7 || strcmp(wn + n - 7, ".weight") != 0 || n - 7 >= sizeof base)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: the layer's weight is not '<name>.weight' "
-                                                    "(make the layer with dtr_linear_layer_init)");
+dtr_result dtr__lora_check(dtr_model *m, const char *fn, const dtr_tensor *weight, const dtr_tensor *a, int rank,
+                           float alpha, char *base, size_t cap) {
+    dtr_context *ctx = dtr_model_context(m);
+    const char *wn = weight ? dtr_tensor_name(weight) : NULL;
+    size_t n = wn ? strlen(wn) : 0;
+    if (n <= 7 || strcmp(wn + n - 7, ".weight") != 0 || n - 7 >= cap)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: the layer's weight is not '<name>.weight' (make the layer with its "
+                                                    "_init function)", fn);
     if (rank < 1 || !(alpha > 0.0f))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s': rank %d and alpha %g must be > 0", wn,
-                         rank, (double)alpha);
-    if (l->lora_a) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s' has an adapter already", wn);
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s': rank %d and alpha %g must be > 0", fn, wn, rank, (double)alpha);
+    if (a) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' has an adapter already", fn, wn);
     memcpy(base, wn, n - 7);
     base[n - 7] = '\0';
+    return DTR_OK;
+}
+
+dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *l, dtr_model *m, int rank, float alpha) {
+    char base[256];
+    int64_t as[2], bs[2];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    r = dtr__lora_check(m, "dtr_linear_layer_add_lora", l->weight, l->lora_a, rank, alpha, base, sizeof base);
+    if (r != DTR_OK) return r;
     as[0] = rank, as[1] = l->in, bs[0] = l->out, bs[1] = rank;
     l->lora_a = dtr__named_param(m, base, "lora_A.weight", 2, as, DTR_INIT_TORCH_DEFAULT, 0.0f);
     l->lora_b = dtr__named_param(m, base, "lora_B.weight", 2, bs, DTR_INIT_ZEROS, 0.0f);
@@ -16020,27 +16050,29 @@ static void dtr__lora_fold(float *w, const float *a, const float *b, int64_t out
         }
 }
 
-dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *l) {
-    dtr_context *ctx;
-    int64_t r, nw, na, nb;
+dtr_result dtr__lora_merge(const char *fn, dtr_tensor *weight, dtr_tensor *a, dtr_tensor *b, float scale) {
+    dtr_context *ctx = weight->ctx;
+    int64_t r, out = weight->shape[0], in = weight->shape[1], nw = out * in, na, nb;
     float *w;
     dtr_result rc;
-    if (!l || !l->weight) return DTR_NULL_HANDLE;
-    ctx = l->weight->ctx;
-    if (!l->lora_a || !l->lora_b)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_merge_lora: '%s' has no adapter", dtr_tensor_name(l->weight));
-    r = l->lora_a->shape[0], nw = l->out * l->in, na = r * l->in, nb = l->out * r;
+    if (!a || !b) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' has no adapter", fn, dtr_tensor_name(weight));
+    r = a->shape[0], na = r * in, nb = out * r;
     w = (float *)dtr__malloc(&ctx->alloc, (size_t)(nw + na + nb) * sizeof(float));
-    if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_linear_layer_merge_lora: out of memory");
-    rc = dtr_tensor_read(l->weight, DTR_F32, w, (size_t)nw);
-    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_a, DTR_F32, w + nw, (size_t)na);
-    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
-    if (rc == DTR_OK) dtr__lora_fold(w, w + nw, w + nw + na, l->out, l->in, r, l->lora_scale);
-    if (rc == DTR_OK) rc = dtr_tensor_write(l->weight, DTR_F32, w, (size_t)nw);
+    if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    rc = dtr_tensor_read(weight, DTR_F32, w, (size_t)nw);
+    if (rc == DTR_OK) rc = dtr_tensor_read(a, DTR_F32, w + nw, (size_t)na);
+    if (rc == DTR_OK) rc = dtr_tensor_read(b, DTR_F32, w + nw + na, (size_t)nb);
+    if (rc == DTR_OK) dtr__lora_fold(w, w + nw, w + nw + na, out, in, r, scale);
+    if (rc == DTR_OK) rc = dtr_tensor_write(weight, DTR_F32, w, (size_t)nw);
     memset(w + nw + na, 0, (size_t)nb * sizeof(float));   /* B = 0: the layer's output stays */
-    if (rc == DTR_OK) rc = dtr_tensor_write(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
+    if (rc == DTR_OK) rc = dtr_tensor_write(b, DTR_F32, w + nw + na, (size_t)nb);
     dtr__free(&ctx->alloc, w);
     return rc;
+}
+
+dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *l) {
+    if (!l || !l->weight) return DTR_NULL_HANDLE;
+    return dtr__lora_merge("dtr_linear_layer_merge_lora", l->weight, l->lora_a, l->lora_b, l->lora_scale);
 }
 
 /* ---- convolution ---- */
@@ -16375,7 +16407,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16379 "dtrain.h"
+#line 16411 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16651,7 +16683,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16655 "dtrain.h"
+#line 16687 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16888,7 +16920,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16892 "dtrain.h"
+#line 16924 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -16980,7 +17012,7 @@ static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *
                          "%s: '%s': %s features %lld do not split over %d ranks (in %lld, out %lld)", fn, name ? name : "",
                          row ? "input" : "output", (long long)split, tp, (long long)in, (long long)out);
     ws[0] = out, ws[1] = in;
-    l->in = in, l->out = out, l->row = row, l->comm = comm;
+    l->in = in, l->out = out, l->row = row, l->comm = comm, l->parts = parts;
     l->weight = dtr__tp_param(m, comm, name, "weight", 2, ws, row, parts, init, 0.0f);
     if (bias && row) l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
     else if (bias) l->bias = dtr__tp_param(m, comm, name, "bias", 1, &out, 0, parts, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
@@ -16999,16 +17031,54 @@ dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm
     return dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 1, 1);
 }
 
+dtr_result dtr_tp_linear_add_lora(dtr_tp_linear *l, dtr_model *m, int rank, float alpha) {
+    char base[256];
+    int64_t as[2], bs[2];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    if (!l->comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "dtr_tp_linear_add_lora: the layer is not initialised");
+    r = dtr__lora_check(m, "dtr_tp_linear_add_lora", l->weight, l->lora_a, rank, alpha, base, sizeof base);
+    if (r != DTR_OK) return r;
+    as[0] = rank, as[1] = l->in, bs[0] = l->out, bs[1] = rank;
+    if (l->row) {   /* A's columns split as the weight's; B whole */
+        l->lora_a = dtr__tp_param(m, l->comm, base, "lora_A.weight", 2, as, 1, l->parts, DTR_INIT_TORCH_DEFAULT, 0.0f);
+        l->lora_b = dtr__named_param(m, base, "lora_B.weight", 2, bs, DTR_INIT_ZEROS, 0.0f);
+    } else {        /* A whole; B's rows split as the weight's */
+        l->lora_a = dtr__named_param(m, base, "lora_A.weight", 2, as, DTR_INIT_TORCH_DEFAULT, 0.0f);
+        l->lora_b = dtr__tp_param(m, l->comm, base, "lora_B.weight", 2, bs, 0, l->parts, DTR_INIT_ZEROS, 0.0f);
+    }
+    l->lora_scale = alpha / (float)rank;
+    if (!l->lora_a || !l->lora_b) l->lora_a = l->lora_b = NULL;
+    return dtr__tp_status(m);
+}
+
+dtr_result dtr_tp_linear_merge_lora(dtr_tp_linear *l) {
+    if (!l || !l->weight) return DTR_NULL_HANDLE;
+    return dtr__lora_merge("dtr_tp_linear_merge_lora", l->weight, l->lora_a, l->lora_b, l->lora_scale);
+}
+
+/* The adapter's (alpha / rank) (x A^T) B^T: column-parallel, x A^T through dtr_tp_copy (its
+   gradient is the sum of every rank's B_r part); row-parallel, x A_r^T summed by dtr_tp_reduce */
+static dtr_tensor *dtr__tp_lora(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
+    dtr_tensor *z;
+    if (l->lora_dropout != 0.0f) x = dtr_dropout(ctx, x, l->lora_dropout);
+    z = dtr_linear(ctx, x, l->lora_a, NULL);
+    z = l->row ? dtr_tp_reduce(ctx, z, l->comm) : dtr_tp_copy(ctx, z, l->comm);
+    return dtr_linear(ctx, dtr_scale(ctx, z, l->lora_scale), l->lora_b, NULL);
+}
+
 dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
     dtr_tensor *y;
     if (!ctx) return NULL;
     if (!l || !l->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_linear_forward: layer is NULL or not initialised");
     if (!l->row) {
         y = dtr_linear(ctx, dtr_tp_copy(ctx, x, l->comm), l->weight, l->bias);
+        if (l->lora_a) y = dtr_add(ctx, y, dtr__tp_lora(ctx, l, x));
         return l->gather ? dtr_tp_gather(ctx, y, l->comm) : y;
     }
     y = dtr_tp_reduce(ctx, dtr_linear(ctx, x, l->weight, NULL), l->comm);
-    return l->bias ? dtr_add(ctx, y, l->bias) : y;
+    if (l->bias) y = dtr_add(ctx, y, l->bias);
+    return l->lora_a ? dtr_add(ctx, y, dtr__tp_lora(ctx, l, x)) : y;   /* after the bias, as dtr_linear_layer_forward */
 }
 
 /* ---- attention ---- */
@@ -17143,7 +17213,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17147 "dtrain.h"
+#line 17217 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17920,7 +17990,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17924 "dtrain.h"
+#line 17994 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18058,7 +18128,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18062 "dtrain.h"
+#line 18132 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18405,7 +18475,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18409 "dtrain.h"
+#line 18479 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18471,7 +18541,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18475 "dtrain.h"
+#line 18545 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18708,7 +18778,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18712 "dtrain.h"
+#line 18782 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19457,7 +19527,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19461 "dtrain.h"
+#line 19531 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19910,7 +19980,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19914 "dtrain.h"
+#line 19984 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -19966,7 +20036,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 19970 "dtrain.h"
+#line 20040 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20808,7 +20878,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20812 "dtrain.h"
+#line 20882 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21389,7 +21459,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21393 "dtrain.h"
+#line 21463 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22020,7 +22090,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22024 "dtrain.h"
+#line 22094 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22816,7 +22886,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22820 "dtrain.h"
+#line 22890 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23169,7 +23239,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23173 "dtrain.h"
+#line 23243 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23359,7 +23429,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23363 "dtrain.h"
+#line 23433 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23540,7 +23610,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23544 "dtrain.h"
+#line 23614 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24315,7 +24385,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24319 "dtrain.h"
+#line 24389 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24832,7 +24902,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24836 "dtrain.h"
+#line 24906 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25627,7 +25697,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25631 "dtrain.h"
+#line 25701 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26875,7 +26945,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26879 "dtrain.h"
+#line 26949 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27497,7 +27567,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27501 "dtrain.h"
+#line 27571 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -27998,7 +28068,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28002 "dtrain.h"
+#line 28072 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28728,7 +28798,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28732 "dtrain.h"
+#line 28802 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -28964,7 +29034,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 28968 "dtrain.h"
+#line 29038 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29093,7 +29163,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29097 "dtrain.h"
+#line 29167 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29543,7 +29613,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29547 "dtrain.h"
+#line 29617 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30036,7 +30106,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30040 "dtrain.h"
+#line 30110 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30620,7 +30690,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30624 "dtrain.h"
+#line 30694 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31126,7 +31196,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31130 "dtrain.h"
+#line 31200 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32678,7 +32748,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32682 "dtrain.h"
+#line 32752 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32732,7 +32802,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32736 "dtrain.h"
+#line 32806 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33924,7 +33994,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 33928 "dtrain.h"
+#line 33998 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34827,7 +34897,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34831 "dtrain.h"
+#line 34901 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36305,7 +36375,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36309 "dtrain.h"
+#line 36379 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36698,7 +36768,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36702 "dtrain.h"
+#line 36772 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36847,7 +36917,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36851 "dtrain.h"
+#line 36921 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -357,9 +357,9 @@ static void *dtr__watch_main(void *arg) {
         if (!w->ops.failed(w->ops.t) && w->ops.check) w->ops.check(w->ops.t, w->stale_ns);
         /* the heartbeats go on after a failure: a rank that failed first is not a culprit */
         if (tick++ % 2) continue;
-        w->in_store = 1;
+        DTR__ATOMIC_STORE(&w->in_store, 1);
         r = dtr__watch_world(w, &aborted);
-        w->in_store = 0;
+        DTR__ATOMIC_STORE(&w->in_store, 0);
         if (r != DTR_OK && !aborted && !w->published) {
             /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
             char why[256];
@@ -398,7 +398,7 @@ static int dtr__watch_local_culprit(dtr__watchdog *w, int64_t now, char *why, si
     ok = w->ok_ns;
     idle = now - w->tick_ns;
     pthread_mutex_unlock(&w->mu);
-    if (idle > dtr__watch_blame_ns(w) && !w->in_store) {
+    if (idle > dtr__watch_blame_ns(w) && !DTR__ATOMIC_LOAD(&w->in_store)) {
         snprintf(why, cap, "rank %d itself did not run for %lld ms (stopped?)", w->boot->rank, (long long)(idle / 1000000));
         return w->boot->rank;
     }
@@ -665,7 +665,8 @@ typedef struct dtr__fab {
                                     thread applies it after a poll */
     int isolate;                 /* cfg.isolate_peer_failures */
     int64_t *pid_seen;           /* isolate: per peer of this host, when the thread last looked at its pid */
-    volatile int64_t round_ns;   /* when the provider thread's current round began (0: between rounds) */
+    int64_t round_ns;            /* when the provider thread's current round began (0: between rounds);
+                                    atomic (relaxed): the watchdog reads it */
     /* requests, the provider thread's work and the world's failure, under mu */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;      /* the provider thread waits for work */
@@ -674,11 +675,12 @@ typedef struct dtr__fab {
     dtr__freq *post_head, *post_tail;   /* requests to post, oldest first */
     dtr__freq *retry, *retry_tail;   /* the thread's own: posts the provider refused for now, in order */
     int ncancel, inflight, nleaving, want_close_ep, sleepers;
-    unsigned events;             /* completions so far (waiters spin on it briefly) */
+    unsigned events;             /* completions so far (waiters spin on it briefly, without the lock:
+                                    written atomically under it) */
     pthread_t thread;
     int thread_on, closing, exited;
-    /* world failure; `aborted` is also read without the lock as a hint */
-    volatile int aborted;
+    /* world failure; `aborted` is also read without the lock (dtr__fab_aborted: atomic) */
+    int aborted;
     int failed_rank;
     char why[200];
     int publish;                 /* the abort is ours: the watchdog writes it to the store */
@@ -697,16 +699,19 @@ static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char
 }
 
 /* Marks the world failed and wakes every waiter (lock held). Returns 1 when this call did it. */
+/* the world failed (a read without the lock sees it once the failing thread stored it) */
+static int dtr__fab_aborted(const dtr__fab *f) { return DTR__ATOMIC_LOAD(&f->aborted); }
+
 static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) DTR__PRINTF(4, 5);
 static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) {
     va_list ap;
-    if (f->aborted) return 0;
+    if (f->aborted) return 0;   /* under the lock: the only writer */
     f->failed_rank = rank;
     va_start(ap, fmt);
     vsnprintf(f->why, sizeof f->why, fmt, ap);
     va_end(ap);
     f->publish = publish;
-    f->aborted = 1;
+    DTR__ATOMIC_STORE(&f->aborted, 1);
     pthread_cond_broadcast(&f->done_cv);
     pthread_cond_signal(&f->work_cv);
     return 1;
@@ -757,7 +762,7 @@ static void dtr__freq_complete(dtr__fab *f, dtr__freq *q) {
     if (q->cancel) { q->cancel = 0; f->ncancel--; }
     q->where = DTR__FW_IDLE;
     q->done = 1;
-    f->events++;
+    DTR__ATOMIC_STORE_RELAXED(&f->events, f->events + 1);   /* waiters spin on it without the lock */
     if (q->released == 2) dtr__freq_put(f, q);
     if (f->sleepers) pthread_cond_broadcast(&f->done_cv);
 }
@@ -776,7 +781,7 @@ static void dtr__freq_fail(dtr__fab *f, dtr__freq *q, dtr_result r, int native, 
 /* 1 when the caller may stop waiting for q (lock held): it is complete, its peer left, or
    the world failed. */
 static int dtr__freq_finished(const dtr__fab *f, const dtr__freq *q) {
-    return q->done || f->left[q->peer] || f->aborted;
+    return q->done || f->left[q->peer] || dtr__fab_aborted(f);
 }
 
 /* How peer p is gone (left[p] or leaving[p] set). */
@@ -790,7 +795,7 @@ static dtr_result dtr__freq_result(dtr__fab *f, dtr__freq *q, dtr_transport_erro
         if (q->result != DTR_OK) dtr__ferr(err, q->peer, q->native, "%s", q->msg);
         return q->result;
     }
-    if (f->left[q->peer] && !f->aborted) {
+    if (f->left[q->peer] && !dtr__fab_aborted(f)) {
         dtr__ferr(err, q->peer, 0, "rank %d %s while this rank %s it", q->peer, dtr__fab_gone(f, q->peer),
                   q->is_recv ? "waited for a message from" : "sent to");
         return DTR_PEER_FAILED;
@@ -844,9 +849,23 @@ static int dtr__fab_died_now(dtr__fab *f, int p) {
     return 1;
 }
 
+/* q was released or the world failed before q reached the provider (lock held): it fails
+   without being posted, so its buffer, which the application may free now, is never read. */
+static int dtr__fab_post_refused(dtr__fab *f, dtr__freq *q) {
+    if (!q->released && !dtr__fab_aborted(f)) return 0;
+    if (q->released) dtr__freq_fail(f, q, DTR_PEER_FAILED, 0, "released before it was posted");
+    else dtr__freq_fail(f, q, DTR_PEER_FAILED, 0, "rank %d failed: %s", f->failed_rank, f->why);
+    return 1;
+}
+
 /* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
 static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     ssize_t rc;
+    int refused;
+    pthread_mutex_lock(&f->mu);
+    refused = dtr__fab_post_refused(f, q);
+    pthread_mutex_unlock(&f->mu);
+    if (refused) return 0;
     if (f->left[q->peer] == 2 || (!q->is_recv && dtr__fab_died_now(f, q->peer))) {   /* died (isolated): nothing more goes to it */
         pthread_mutex_lock(&f->mu);
         dtr__freq_fail(f, q, DTR_PEER_FAILED, 0, "rank %d died", q->peer);
@@ -859,9 +878,9 @@ static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     /* retried until the world fails or well past any deadline of the waiter (whose timeout
        names the culprit the ranks agree on) */
     if (rc == -FI_EAGAIN && !q->give_up) q->give_up = now + f->timeout_ns + (int64_t)2000000000;
-    if (rc == -FI_EAGAIN && now < q->give_up && !f->aborted) return 1;
+    if (rc == -FI_EAGAIN && now < q->give_up && !dtr__fab_aborted(f)) return 1;
     pthread_mutex_lock(&f->mu);
-    if (rc == -FI_EAGAIN && f->aborted)
+    if (rc == -FI_EAGAIN && dtr__fab_aborted(f))
         dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "rank %d failed: %s", f->failed_rank, f->why);
     else if (rc == -FI_EAGAIN)
         dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "the %s rank %d could not be posted within %lld ms: the provider's "
@@ -871,7 +890,11 @@ static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
         dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "posting a %s rank %d failed: %s", q->is_recv ? "receive from" : "send to",
                        q->peer, fi_strerror((int)-rc));
     else if (!q->is_recv && q->bytes <= f->inject) dtr__freq_complete(f, q);   /* injected: the buffer is free already */
-    else { q->where = DTR__FW_POSTED; f->inflight++; }
+    else {
+        q->where = DTR__FW_POSTED;
+        f->inflight++;
+        if (q->released && f->sleepers) pthread_cond_broadcast(&f->done_cv);   /* its releaser's wait shortens */
+    }
     pthread_mutex_unlock(&f->mu);
     return 0;
 }
@@ -900,7 +923,7 @@ static int dtr__fab_retry(dtr__fab *f) {
 /* A completion of q, good or failed (code: 0 or the positive libfabric error); lock held.
    Returns 1 when q's payload receive is to be posted next (its header arrived). */
 static int dtr__fab_event(dtr__fab *f, dtr__freq *q, int code, const char *detail) {
-    if (!code && q->stage == DTR__FQ_HDR && (q->released || f->aborted)) {
+    if (!code && q->stage == DTR__FQ_HDR && (q->released || dtr__fab_aborted(f))) {
         dtr__freq_fail(f, q, DTR_PEER_FAILED, 0, "the group failed before the message from rank %d arrived", q->peer);
         return 0;
     }
@@ -1026,7 +1049,7 @@ static void dtr__fab_thread_teardown(dtr__fab *f) {
     pthread_mutex_lock(&f->mu);
     for (q = f->all_reqs; q; q = q->next_all)
         if (q->where == DTR__FW_POSTED && q->is_recv && !q->cancel) { q->cancel = 1; f->ncancel++; }
-    if (f->aborted) f->want_close_ep = 1;   /* sends to dead peers: let go of their buffers now */
+    if (dtr__fab_aborted(f)) f->want_close_ep = 1;   /* sends to dead peers: let go of their buffers now */
     pthread_mutex_unlock(&f->mu);
     do dtr__fab_round(f, NULL); while (f->inflight && dtr_time_ns() < until);
 }
@@ -1047,9 +1070,9 @@ static void *dtr__fab_thread(void *arg) {
         f->post_head = f->post_tail = NULL;
         for (q = batch; q; q = q->next_post) q->where = DTR__FW_POSTING;
         pthread_mutex_unlock(&f->mu);
-        f->round_ns = dtr_time_ns();
+        DTR__ATOMIC_STORE_RELAXED(&f->round_ns, dtr_time_ns());
         got = dtr__fab_round(f, batch);
-        f->round_ns = 0;
+        DTR__ATOMIC_STORE_RELAXED(&f->round_ns, 0);
         pthread_mutex_lock(&f->mu);
         if (got) { nap = 4000; spin_until = dtr_time_ns() + f->spin_ns; continue; }
         if (dtr_time_ns() < spin_until || f->post_head) continue;
@@ -1076,7 +1099,7 @@ static dtr_result dtr__fab_post(dtr__fab *f, int is_recv, void *buf, size_t byte
         return DTR_INVALID_ARGUMENT;
     }
     pthread_mutex_lock(&f->mu);
-    if (f->aborted || f->left[peer]) {
+    if (dtr__fab_aborted(f) || f->left[peer]) {
         dtr__freq tmp;
         dtr_result r;
         memset(&tmp, 0, sizeof tmp);
@@ -1135,7 +1158,7 @@ static int dtr__fab_any_finished(dtr__fab *f, void *const *reqs, int n, int *pen
         if (*pending < 0) *pending = i;
     }
     if (*pending < 0) { *r = DTR_OK; return 1; }
-    if (f->aborted) {
+    if (dtr__fab_aborted(f)) {
         dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
         *r = DTR_PEER_FAILED;
         return 1;
@@ -1146,7 +1169,7 @@ static int dtr__fab_any_finished(dtr__fab *f, void *const *reqs, int n, int *pen
 /* The deadline passed while q pends: the rank every rank blames (src/comm/watchdog.c). */
 static dtr_result dtr__fab_timed_out(dtr__fab *f, const dtr__freq *q, dtr_transport_error *err) {
     char why[300];
-    int64_t in = f->round_ns ? (dtr_time_ns() - f->round_ns) / 1000000 : 0;
+    int64_t round = DTR__ATOMIC_LOAD_RELAXED(&f->round_ns), in = round ? (dtr_time_ns() - round) / 1000000 : 0;
     int who = dtr__watchdog_culprit(&f->wd, q->peer, why, 200);
     if (in > 1000)   /* the provider never came back (shm: a peer killed while it held a queue's lock) */
         snprintf(why + strlen(why), sizeof why - strlen(why), " (this rank's provider thread has been inside libfabric "
@@ -1181,7 +1204,7 @@ static dtr_result dtr__fab_wait(dtr__fab *f, void *const *reqs, int n, int64_t d
         seen = f->events;
         if (now < spin_until) {   /* a completion is often a few microseconds away */
             pthread_mutex_unlock(&f->mu);
-            while (DTR__ATOMIC_LOAD_RELAXED(&f->events) == seen && !f->aborted && dtr_time_ns() < spin_until) {}
+            while (DTR__ATOMIC_LOAD_RELAXED(&f->events) == seen && !dtr__fab_aborted(f) && dtr_time_ns() < spin_until) {}
             pthread_mutex_lock(&f->mu);
             continue;
         }
@@ -1201,6 +1224,18 @@ static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64
 static dtr_result dtr__fab_wait_some(void *state, void *const *reqs, int n, int64_t until_ns) {
     dtr_transport_error e;
     return dtr__fab_wait((dtr__fab *)state, reqs, n, until_ns, 1, &e);
+}
+
+/* Waits (lock held) for released q to complete until `until`; while the provider thread holds
+   it for posting (it posts it, then cancels it, or fails it unposted: dtr__fab_post_refused)
+   up to the group's deadline past that: its buffer is never let go of in the middle of a post. */
+static void dtr__fab_release_wait(dtr__fab *f, dtr__freq *q, int64_t until) {
+    int64_t hard = until + f->timeout_ns;
+    while (!q->done) {
+        int64_t lim = q->where == DTR__FW_POSTING ? hard : until;
+        if (dtr_time_ns() >= lim) break;
+        dtr__cond_wait_until(&f->done_cv, &f->mu, lim);
+    }
 }
 
 static void dtr__fab_release(void *state, void *req) {
@@ -1228,7 +1263,7 @@ static void dtr__fab_release(void *state, void *req) {
         if (!q->cancel) { q->cancel = 1; f->ncancel++; }
         pthread_cond_signal(&f->work_cv);
         f->sleepers++;
-        while (!q->done && !dtr__cond_wait_until(&f->done_cv, &f->mu, until)) {}
+        dtr__fab_release_wait(f, q, until);
         f->sleepers--;
     }
     if (q->done) dtr__freq_put(f, q);
@@ -1260,13 +1295,13 @@ static void dtr__fab_abort(void *state, int failed_rank, const char *why) {
 
 /* ---- the watchdog's callbacks (the watchdog itself: src/comm/watchdog.c) ---- */
 
-static int dtr__fab_wd_failed(void *t) { return ((dtr__fab *)t)->aborted; }
+static int dtr__fab_wd_failed(void *t) { return dtr__fab_aborted((dtr__fab *)t); }
 
 static int dtr__fab_wd_to_publish(void *t, int *who, char *why, size_t cap) {
     dtr__fab *f = (dtr__fab *)t;
     int mine;
     pthread_mutex_lock(&f->mu);
-    mine = f->aborted && f->publish;
+    mine = dtr__fab_aborted(f) && f->publish;
     *who = f->failed_rank;
     snprintf(why, cap, "%s", f->why);
     pthread_mutex_unlock(&f->mu);
@@ -1305,7 +1340,7 @@ static void dtr__fab_wd_died(void *t, int p, const char *how) {
    spin): this rank cannot communicate any more, and the world hears of it. */
 static void dtr__fab_wd_check(void *t, int64_t stale_ns) {
     dtr__fab *f = (dtr__fab *)t;
-    int64_t since = f->round_ns, ms;
+    int64_t since = DTR__ATOMIC_LOAD_RELAXED(&f->round_ns), ms;
     char dead[160] = "";
     int p;
     if (!since || dtr_time_ns() - since < stale_ns) return;
@@ -1325,7 +1360,7 @@ static int dtr__fab_peer_alive(void *state, int p) {
     int alive;
     if (p < 0 || p >= f->size) return 0;
     pthread_mutex_lock(&f->mu);
-    alive = (!f->left[p] && !f->leaving[p]) || f->aborted;   /* a world failure is no peer's alone */
+    alive = (!f->left[p] && !f->leaving[p]) || dtr__fab_aborted(f);   /* a world failure is no peer's alone */
     pthread_mutex_unlock(&f->mu);
     return alive;
 }
@@ -1472,7 +1507,7 @@ static void dtr__fab_free(dtr__fab *f) {
     if (f->fabric) fi_close(&f->fabric->fid);
     if (f->info) fi_freeinfo(f->info);
     for (q = f->all_reqs; q; q = n) { n = q->next_all; dtr__free(&f->alloc, q); }
-    f->boot.failed = f->aborted;   /* bounded teardown after a failure (grace_ms) */
+    f->boot.failed = dtr__fab_aborted(f);   /* bounded teardown after a failure (grace_ms) */
     dtr__boot_close(&f->boot);
     dtr__free(&f->alloc, f->addrs);
     dtr__free(&f->alloc, f->left);
@@ -1692,7 +1727,7 @@ static int dtr__fab_stop_thread(dtr__fab *f) {
     pthread_mutex_lock(&f->mu);
     f->closing = 1;
     pthread_cond_signal(&f->work_cv);
-    until = f->aborted ? dtr_time_ns() + (int64_t)10000 * 1000000 : -1;   /* no failure: a provider's close ends */
+    until = dtr__fab_aborted(f) ? dtr_time_ns() + (int64_t)10000 * 1000000 : -1;   /* no failure: a provider's close ends */
     while (!f->exited && !dtr__cond_wait_until(&f->done_cv, &f->mu, until)) {}
     exited = f->exited;
     pthread_mutex_unlock(&f->mu);
@@ -1759,7 +1794,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1763 "dtrain_comm.c"
+#line 1798 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2275,5 +2310,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2279 "dtrain_comm.c"
+#line 2314 "dtrain_comm.c"
 

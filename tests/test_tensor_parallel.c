@@ -15,6 +15,13 @@
  *                     layers from the same seed. Every step's loss and, at the end, every
  *                     weight (gathered by the collective dtr_model_save, read back by a
  *                     single-device dtr_model_load) agree within 1e-5 (relative, per tensor).
+ *   test_tp_train_lora  the linear chain and the attention frozen, rank-2 LoRA adapters on every
+ *                     linear (dtr_tp_linear_add_lora: column-parallel with 1 and 3 blocks,
+ *                     row-parallel, gathered) trained alone with AdamW: the same losses and
+ *                     weights (the adapters' full tensors, base unchanged) as one rank with
+ *                     dtr_linear_layer_add_lora's adapters; then merged on both sides
+ *                     (dtr_tp_linear_merge_lora: each rank into its shard), the same loss and
+ *                     the same merged weights.
  *   test_tp_init      before any step the TP shards save into the single-device weights.
  *   test_tp_grid      data 2 x tensor 2 (dtr_grid_create, dtr_dp over the data group) on half
  *                     the batch per replica against one rank on the whole batch: same weights.
@@ -61,8 +68,8 @@ static dtr_context *rank_ctx(const dtr_comm *c) { (void)c; return test_ctx(1); }
 #define V 16
 #define SEED 7
 
-enum net { NET_LINEAR, NET_ATTN, NET_EMBED, NET_GPT };
-static const char *const k_net_names[] = {"linear", "attention", "embedding + cross-entropy", "gpt"};
+enum net { NET_LINEAR, NET_ATTN, NET_EMBED, NET_GPT, NET_LORA };
+static const char *const k_net_names[] = {"linear", "attention", "embedding + cross-entropy", "gpt", "lora"};
 
 /* One net, either kind: the single-device layers (comm NULL) or the tensor-parallel ones. */
 typedef struct net_layers {
@@ -76,12 +83,32 @@ typedef struct net_layers {
     dtr_tp_gpt_block tblock;
 } net_layers;
 
+/* NET_LORA: the linear chain and the attention, frozen, with rank-2 adapters on every linear
+   (column-parallel l1, qkv in three blocks; row-parallel l2, proj; gathered column l3) */
+static dtr_result declare_lora(dtr_model *m, dtr_comm *c, net_layers *L) {
+    static const char *adapters[1] = {"*lora_"};
+    dtr_result r;
+    if (!c) {
+        dtr_linear_layer *ls[5] = {&L->l1, &L->l2, &L->l3, &L->attn.qkv, &L->attn.proj};
+        int i;
+        dtr_attention_layer_init(&L->attn, m, "attn", C, HEADS), L->attn.causal = 0;
+        for (i = 0; i < 5; i++) dtr_linear_layer_add_lora(ls[i], m, 2, 4.0f);
+    } else {
+        dtr_tp_linear *ts[5] = {&L->t1, &L->t2, &L->t3, &L->tattn.qkv, &L->tattn.proj};
+        int i;
+        dtr_tp_attention_init(&L->tattn, m, c, "attn", C, HEADS), L->tattn.causal = 0;
+        for (i = 0; i < 5; i++) dtr_tp_linear_add_lora(ts[i], m, 2, 4.0f);
+    }
+    if ((r = dtr_model_build(m)) != DTR_OK || (r = dtr_model_set_trainable(m, NULL, 0, 0)) != DTR_OK) return r;
+    return dtr_model_set_trainable(m, adapters, 1, 1);
+}
+
 static dtr_result declare(enum net kind, dtr_model *m, dtr_comm *c, net_layers *L) {
-    if (kind == NET_LINEAR && !c) {
+    if ((kind == NET_LINEAR || kind == NET_LORA) && !c) {
         dtr_linear_layer_init(&L->l1, m, "l1", C, 2 * C, 1, DTR_INIT_TORCH_DEFAULT);
         dtr_linear_layer_init(&L->l2, m, "l2", 2 * C, C, 1, DTR_INIT_TORCH_DEFAULT);
         dtr_linear_layer_init(&L->l3, m, "l3", C, C, 1, DTR_INIT_TORCH_DEFAULT);
-    } else if (kind == NET_LINEAR) {
+    } else if (kind == NET_LINEAR || kind == NET_LORA) {
         dtr_tp_column_linear_init(&L->t1, m, c, "l1", C, 2 * C, 1, DTR_INIT_TORCH_DEFAULT, 0);
         dtr_tp_row_linear_init(&L->t2, m, c, "l2", 2 * C, C, 1, DTR_INIT_TORCH_DEFAULT);
         dtr_tp_column_linear_init(&L->t3, m, c, "l3", C, C, 1, DTR_INIT_TORCH_DEFAULT, 1);
@@ -96,7 +123,7 @@ static dtr_result declare(enum net kind, dtr_model *m, dtr_comm *c, net_layers *
         if (c) dtr_tp_column_linear_init(&L->thead, m, c, "head", C, V, 1, DTR_INIT_TORCH_DEFAULT, 0);
         else dtr_linear_layer_init(&L->head, m, "head", C, V, 1, DTR_INIT_TORCH_DEFAULT);
     }
-    return dtr_model_build(m);
+    return kind == NET_LORA ? declare_lora(m, c, L) : dtr_model_build(m);
 }
 
 /* The batch of a step: x (B, T, C) and a regression target of the same shape, token ids and
@@ -125,6 +152,12 @@ static dtr_tensor *forward_loss(dtr_context *ctx, enum net kind, dtr_comm *c, co
     if (kind == NET_LINEAR)
         return dtr_mse(ctx, dtr_tp_linear_forward(ctx, &L->t3, dtr_tp_linear_forward(ctx, &L->t2,
                             dtr_gelu(ctx, dtr_tp_linear_forward(ctx, &L->t1, x)))), y);
+    if (kind == NET_LORA && !c)
+        return dtr_mse(ctx, dtr_attention_layer_forward(ctx, &L->attn, dtr_linear_layer_forward(ctx, &L->l3,
+                            dtr_linear_layer_forward(ctx, &L->l2, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &L->l1, x))))), y);
+    if (kind == NET_LORA)
+        return dtr_mse(ctx, dtr_tp_attention_forward(ctx, &L->tattn, dtr_tp_linear_forward(ctx, &L->t3,
+                            dtr_tp_linear_forward(ctx, &L->t2, dtr_gelu(ctx, dtr_tp_linear_forward(ctx, &L->t1, x))))), y);
     if (kind == NET_ATTN)
         return dtr_mse(ctx, c ? dtr_tp_attention_forward(ctx, &L->tattn, x) : dtr_attention_layer_forward(ctx, &L->attn, x), y);
     if (kind == NET_EMBED) h = c ? dtr_tp_embedding_forward(ctx, &L->temb, ids) : dtr_embedding_layer_forward(ctx, &L->emb, ids);
@@ -137,6 +170,25 @@ static dtr_tensor *forward_loss(dtr_context *ctx, enum net kind, dtr_comm *c, co
     }
     if (c) return dtr_vocab_parallel_cross_entropy(ctx, dtr_tp_linear_forward(ctx, &L->thead, h), tgt, c);
     return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &L->head, h), tgt);
+}
+
+/* NET_LORA after training: every adapter merged into its layer's weight (the TP ranks each
+   into their shard); the loss on batch b stays (1e-5), and the saved file then holds the
+   merged weights and zero B's on either side. */
+static int merge_lora(dtr_context *ctx, dtr_comm *c, net_layers *L, const batch *b) {
+    dtr_linear_layer *ls[5] = {&L->l1, &L->l2, &L->l3, &L->attn.qkv, &L->attn.proj};
+    dtr_tp_linear *ts[5] = {&L->t1, &L->t2, &L->t3, &L->tattn.qkv, &L->tattn.proj};
+    dtr_tensor *loss = forward_loss(ctx, NET_LORA, c, L, b, 0, B);
+    float before = loss ? dtr_tensor_get(loss, 0) : 0.0f, after;
+    int i, ok = loss != NULL;
+    dtr_context_reset(ctx);
+    for (i = 0; ok && i < 5; i++) ok = (c ? dtr_tp_linear_merge_lora(ts[i]) : dtr_linear_layer_merge_lora(ls[i])) == DTR_OK;
+    loss = ok ? forward_loss(ctx, NET_LORA, c, L, b, 0, B) : NULL;
+    after = loss ? dtr_tensor_get(loss, 0) : 0.0f;
+    dtr_context_reset(ctx);
+    CHECK_MSG(loss && fabsf(after - before) <= 1e-5f * (1.0f + fabsf(before)), "lora merged (%s): loss %.9g, before %.9g",
+              c ? "tp" : "single device", after, before);
+    return loss != NULL;
 }
 
 /* What one rank (or the reference) did: the loss of every step, its error if any. */
@@ -153,7 +205,7 @@ static void train_dp(enum net kind, dtr_comm *c, dtr_comm *dpc, int steps, const
     dtr_context *ctx = rank_ctx(c);
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
-    int adamw = kind == NET_LINEAR || kind == NET_EMBED;
+    int adamw = kind == NET_LINEAR || kind == NET_EMBED || kind == NET_LORA;
     dtr_optimizer_config oc = dtr_optimizer_config_init(adamw ? DTR_OPT_ADAMW : DTR_OPT_SGD, adamw ? 0.01f : 0.1f);
     dtr_dp *dp = NULL;
     int D = dpc ? dtr_comm_size(dpc) : 1, lo = dpc ? dtr_comm_rank(dpc) * (B / D) : 0;
@@ -174,6 +226,7 @@ static void train_dp(enum net kind, dtr_comm *c, dtr_comm *dpc, int steps, const
         if (o->ok) o->loss[s] = dtr_tensor_get(loss, 0);
         dtr_context_reset(ctx);
     }
+    if (o->ok && kind == NET_LORA) o->ok = merge_lora(ctx, c, &L, &b);
     if (o->ok && path) o->ok = dtr_model_save(m, path, DTR_F32) == DTR_OK;
     if (!o->ok) snprintf(o->msg, sizeof o->msg, "%s", dtr_context_last_error(ctx));
     dtr_dp_destroy(dp);
@@ -310,6 +363,7 @@ static void test_tp_train_linear(void) { check_training(NET_LINEAR); }
 static void test_tp_train_attention(void) { check_training(NET_ATTN); }
 static void test_tp_train_embedding(void) { check_training(NET_EMBED); }
 static void test_tp_train_gpt(void) { check_training(NET_GPT); }
+static void test_tp_train_lora(void) { check_training(NET_LORA); }
 
 /* the shards start as slices of the single-device weights: bit for bit */
 static void test_tp_init(void) {
@@ -538,6 +592,7 @@ int main(void) {
     RUN(test_tp_train_attention);
     RUN(test_tp_train_embedding);
     RUN(test_tp_train_gpt);
+    RUN(test_tp_train_lora);
     RUN(test_tp_init);
     RUN(test_tp_load);
     RUN(test_tp_grid);

@@ -326,7 +326,7 @@ typedef struct dtr__watchdog {
     volatile int won;          /* this rank's failure is the one the abort key holds */
     int64_t ok_ns;             /* when the store last answered a whole round (under mu) */
     int64_t tick_ns;           /* the thread's last wake-up (under mu): old when this process was stopped */
-    volatile int in_store;     /* the thread is in a store call (which may wait for a silent store) */
+    int in_store;              /* the thread is in a store call (which may wait for a silent store); atomic */
     pthread_t thread;
     int inited, on, stop;
     pthread_mutex_t mu;

@@ -196,9 +196,9 @@ static void *dtr__watch_main(void *arg) {
         if (!w->ops.failed(w->ops.t) && w->ops.check) w->ops.check(w->ops.t, w->stale_ns);
         /* the heartbeats go on after a failure: a rank that failed first is not a culprit */
         if (tick++ % 2) continue;
-        w->in_store = 1;
+        DTR__ATOMIC_STORE(&w->in_store, 1);
         r = dtr__watch_world(w, &aborted);
-        w->in_store = 0;
+        DTR__ATOMIC_STORE(&w->in_store, 0);
         if (r != DTR_OK && !aborted && !w->published) {
             /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
             char why[256];
@@ -237,7 +237,7 @@ static int dtr__watch_local_culprit(dtr__watchdog *w, int64_t now, char *why, si
     ok = w->ok_ns;
     idle = now - w->tick_ns;
     pthread_mutex_unlock(&w->mu);
-    if (idle > dtr__watch_blame_ns(w) && !w->in_store) {
+    if (idle > dtr__watch_blame_ns(w) && !DTR__ATOMIC_LOAD(&w->in_store)) {
         snprintf(why, cap, "rank %d itself did not run for %lld ms (stopped?)", w->boot->rank, (long long)(idle / 1000000));
         return w->boot->rank;
     }

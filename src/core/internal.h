@@ -891,6 +891,13 @@ typedef struct dtr__shard {
     int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
 } dtr__shard;
 
+/** A LoRA adapter of `rank` and `alpha` may go on the layer of `weight` ("<name>.weight", none
+ *  yet: `a` NULL): "<name>" into base (cap bytes), or the error recorded, naming fn. */
+DTR__PRIVATE dtr_result dtr__lora_check(dtr_model *m, const char *fn, const dtr_tensor *weight, const dtr_tensor *a, int rank,
+                                        float alpha, char *base, size_t cap);
+/** weight (out, in) += scale b (out, r) a (r, in), accumulated in double, then b = 0 (the layer's
+ *  output stays); errors name fn. */
+DTR__PRIVATE dtr_result dtr__lora_merge(const char *fn, dtr_tensor *weight, dtr_tensor *a, dtr_tensor *b, float scale);
 /** "<prefix>.<suffix>" (just suffix for an empty or NULL prefix) into buf; returns buf. */
 DTR__PRIVATE const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix);
 /** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */

@@ -61,25 +61,29 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
 
 /* ---- LoRA adapters ---- */
 
-dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *l, dtr_model *m, int rank, float alpha) {
-    dtr_context *ctx;
-    const char *wn;
-    char base[256];
-    size_t n;
-    int64_t as[2], bs[2];
-    if (!l || !m) return DTR_NULL_HANDLE;
-    ctx = dtr_model_context(m);
-    wn = l->weight ? dtr_tensor_name(l->weight) : NULL;
-    n = wn ? strlen(wn) : 0;
-    if (n <= 7 || strcmp(wn + n - 7, ".weight") != 0 || n - 7 >= sizeof base)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: the layer's weight is not '<name>.weight' "
-                                                    "(make the layer with dtr_linear_layer_init)");
+dtr_result dtr__lora_check(dtr_model *m, const char *fn, const dtr_tensor *weight, const dtr_tensor *a, int rank,
+                           float alpha, char *base, size_t cap) {
+    dtr_context *ctx = dtr_model_context(m);
+    const char *wn = weight ? dtr_tensor_name(weight) : NULL;
+    size_t n = wn ? strlen(wn) : 0;
+    if (n <= 7 || strcmp(wn + n - 7, ".weight") != 0 || n - 7 >= cap)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: the layer's weight is not '<name>.weight' (make the layer with its "
+                                                    "_init function)", fn);
     if (rank < 1 || !(alpha > 0.0f))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s': rank %d and alpha %g must be > 0", wn,
-                         rank, (double)alpha);
-    if (l->lora_a) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_add_lora: '%s' has an adapter already", wn);
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s': rank %d and alpha %g must be > 0", fn, wn, rank, (double)alpha);
+    if (a) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' has an adapter already", fn, wn);
     memcpy(base, wn, n - 7);
     base[n - 7] = '\0';
+    return DTR_OK;
+}
+
+dtr_result dtr_linear_layer_add_lora(dtr_linear_layer *l, dtr_model *m, int rank, float alpha) {
+    char base[256];
+    int64_t as[2], bs[2];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    r = dtr__lora_check(m, "dtr_linear_layer_add_lora", l->weight, l->lora_a, rank, alpha, base, sizeof base);
+    if (r != DTR_OK) return r;
     as[0] = rank, as[1] = l->in, bs[0] = l->out, bs[1] = rank;
     l->lora_a = dtr__named_param(m, base, "lora_A.weight", 2, as, DTR_INIT_TORCH_DEFAULT, 0.0f);
     l->lora_b = dtr__named_param(m, base, "lora_B.weight", 2, bs, DTR_INIT_ZEROS, 0.0f);
@@ -99,27 +103,29 @@ static void dtr__lora_fold(float *w, const float *a, const float *b, int64_t out
         }
 }
 
-dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *l) {
-    dtr_context *ctx;
-    int64_t r, nw, na, nb;
+dtr_result dtr__lora_merge(const char *fn, dtr_tensor *weight, dtr_tensor *a, dtr_tensor *b, float scale) {
+    dtr_context *ctx = weight->ctx;
+    int64_t r, out = weight->shape[0], in = weight->shape[1], nw = out * in, na, nb;
     float *w;
     dtr_result rc;
-    if (!l || !l->weight) return DTR_NULL_HANDLE;
-    ctx = l->weight->ctx;
-    if (!l->lora_a || !l->lora_b)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_linear_layer_merge_lora: '%s' has no adapter", dtr_tensor_name(l->weight));
-    r = l->lora_a->shape[0], nw = l->out * l->in, na = r * l->in, nb = l->out * r;
+    if (!a || !b) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' has no adapter", fn, dtr_tensor_name(weight));
+    r = a->shape[0], na = r * in, nb = out * r;
     w = (float *)dtr__malloc(&ctx->alloc, (size_t)(nw + na + nb) * sizeof(float));
-    if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_linear_layer_merge_lora: out of memory");
-    rc = dtr_tensor_read(l->weight, DTR_F32, w, (size_t)nw);
-    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_a, DTR_F32, w + nw, (size_t)na);
-    if (rc == DTR_OK) rc = dtr_tensor_read(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
-    if (rc == DTR_OK) dtr__lora_fold(w, w + nw, w + nw + na, l->out, l->in, r, l->lora_scale);
-    if (rc == DTR_OK) rc = dtr_tensor_write(l->weight, DTR_F32, w, (size_t)nw);
+    if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    rc = dtr_tensor_read(weight, DTR_F32, w, (size_t)nw);
+    if (rc == DTR_OK) rc = dtr_tensor_read(a, DTR_F32, w + nw, (size_t)na);
+    if (rc == DTR_OK) rc = dtr_tensor_read(b, DTR_F32, w + nw + na, (size_t)nb);
+    if (rc == DTR_OK) dtr__lora_fold(w, w + nw, w + nw + na, out, in, r, scale);
+    if (rc == DTR_OK) rc = dtr_tensor_write(weight, DTR_F32, w, (size_t)nw);
     memset(w + nw + na, 0, (size_t)nb * sizeof(float));   /* B = 0: the layer's output stays */
-    if (rc == DTR_OK) rc = dtr_tensor_write(l->lora_b, DTR_F32, w + nw + na, (size_t)nb);
+    if (rc == DTR_OK) rc = dtr_tensor_write(b, DTR_F32, w + nw + na, (size_t)nb);
     dtr__free(&ctx->alloc, w);
     return rc;
+}
+
+dtr_result dtr_linear_layer_merge_lora(dtr_linear_layer *l) {
+    if (!l || !l->weight) return DTR_NULL_HANDLE;
+    return dtr__lora_merge("dtr_linear_layer_merge_lora", l->weight, l->lora_a, l->lora_b, l->lora_scale);
 }
 
 /* ---- convolution ---- */

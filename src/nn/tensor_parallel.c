@@ -86,7 +86,7 @@ static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *
                          "%s: '%s': %s features %lld do not split over %d ranks (in %lld, out %lld)", fn, name ? name : "",
                          row ? "input" : "output", (long long)split, tp, (long long)in, (long long)out);
     ws[0] = out, ws[1] = in;
-    l->in = in, l->out = out, l->row = row, l->comm = comm;
+    l->in = in, l->out = out, l->row = row, l->comm = comm, l->parts = parts;
     l->weight = dtr__tp_param(m, comm, name, "weight", 2, ws, row, parts, init, 0.0f);
     if (bias && row) l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
     else if (bias) l->bias = dtr__tp_param(m, comm, name, "bias", 1, &out, 0, parts, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
@@ -105,16 +105,54 @@ dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm
     return dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 1, 1);
 }
 
+dtr_result dtr_tp_linear_add_lora(dtr_tp_linear *l, dtr_model *m, int rank, float alpha) {
+    char base[256];
+    int64_t as[2], bs[2];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    if (!l->comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "dtr_tp_linear_add_lora: the layer is not initialised");
+    r = dtr__lora_check(m, "dtr_tp_linear_add_lora", l->weight, l->lora_a, rank, alpha, base, sizeof base);
+    if (r != DTR_OK) return r;
+    as[0] = rank, as[1] = l->in, bs[0] = l->out, bs[1] = rank;
+    if (l->row) {   /* A's columns split as the weight's; B whole */
+        l->lora_a = dtr__tp_param(m, l->comm, base, "lora_A.weight", 2, as, 1, l->parts, DTR_INIT_TORCH_DEFAULT, 0.0f);
+        l->lora_b = dtr__named_param(m, base, "lora_B.weight", 2, bs, DTR_INIT_ZEROS, 0.0f);
+    } else {        /* A whole; B's rows split as the weight's */
+        l->lora_a = dtr__named_param(m, base, "lora_A.weight", 2, as, DTR_INIT_TORCH_DEFAULT, 0.0f);
+        l->lora_b = dtr__tp_param(m, l->comm, base, "lora_B.weight", 2, bs, 0, l->parts, DTR_INIT_ZEROS, 0.0f);
+    }
+    l->lora_scale = alpha / (float)rank;
+    if (!l->lora_a || !l->lora_b) l->lora_a = l->lora_b = NULL;
+    return dtr__tp_status(m);
+}
+
+dtr_result dtr_tp_linear_merge_lora(dtr_tp_linear *l) {
+    if (!l || !l->weight) return DTR_NULL_HANDLE;
+    return dtr__lora_merge("dtr_tp_linear_merge_lora", l->weight, l->lora_a, l->lora_b, l->lora_scale);
+}
+
+/* The adapter's (alpha / rank) (x A^T) B^T: column-parallel, x A^T through dtr_tp_copy (its
+   gradient is the sum of every rank's B_r part); row-parallel, x A_r^T summed by dtr_tp_reduce */
+static dtr_tensor *dtr__tp_lora(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
+    dtr_tensor *z;
+    if (l->lora_dropout != 0.0f) x = dtr_dropout(ctx, x, l->lora_dropout);
+    z = dtr_linear(ctx, x, l->lora_a, NULL);
+    z = l->row ? dtr_tp_reduce(ctx, z, l->comm) : dtr_tp_copy(ctx, z, l->comm);
+    return dtr_linear(ctx, dtr_scale(ctx, z, l->lora_scale), l->lora_b, NULL);
+}
+
 dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
     dtr_tensor *y;
     if (!ctx) return NULL;
     if (!l || !l->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_linear_forward: layer is NULL or not initialised");
     if (!l->row) {
         y = dtr_linear(ctx, dtr_tp_copy(ctx, x, l->comm), l->weight, l->bias);
+        if (l->lora_a) y = dtr_add(ctx, y, dtr__tp_lora(ctx, l, x));
         return l->gather ? dtr_tp_gather(ctx, y, l->comm) : y;
     }
     y = dtr_tp_reduce(ctx, dtr_linear(ctx, x, l->weight, NULL), l->comm);
-    return l->bias ? dtr_add(ctx, y, l->bias) : y;
+    if (l->bias) y = dtr_add(ctx, y, l->bias);
+    return l->lora_a ? dtr_add(ctx, y, dtr__tp_lora(ctx, l, x)) : y;   /* after the bias, as dtr_linear_layer_forward */
 }
 
 /* ---- attention ---- */

@@ -132,6 +132,10 @@ typedef struct dtr_tp_linear {
     int row;                   /**< 1: row-parallel, 0: column-parallel */
     int gather;                /**< column-parallel: the forward returns the full output */
     dtr_comm *comm;            /**< the tensor-parallel group */
+    int parts;                 /**< blocks of the split axis sharded each (3: attention's q, k and v) */
+    dtr_tensor *lora_a, *lora_b;   /**< a LoRA adapter (dtr_tp_linear_add_lora): this rank's part; or NULL */
+    float lora_scale;          /**< alpha / rank */
+    float lora_dropout;        /**< dropout on the adapter's input while training (0 by default) */
 } dtr_tp_linear;
 
 /** Declares a column-parallel linear layer `name` (weight (out, in) and bias (out) of the full
@@ -146,8 +150,23 @@ DTR_API dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
                                           int64_t in, int64_t out, int bias, dtr_init init);
+/** Adds a LoRA adapter of `rank` and `alpha` to a tensor-parallel linear layer of m, before
+ *  dtr_model_build, split as the layer is (Megatron's LoRA): column-parallel, A "<name>.lora_A.weight"
+ *  (rank, in) whole on every rank and B "<name>.lora_B.weight" (out, rank) sharded as the
+ *  weight's rows; row-parallel, A sharded as the weight's columns and B whole. Initialised and
+ *  saved as dtr_linear_layer_add_lora's full tensors: a file trained on tp ranks loads into the
+ *  single-device layers, and back. The forward adds (alpha / rank) (x A^T) B^T with one more
+ *  collective of rank-wide rows: column-parallel, x A^T's gradient summed over the group in
+ *  backward; row-parallel, x A_r^T summed in forward. Set layer->lora_dropout after this call
+ *  (column-parallel: the ranks' contexts must draw alike, the same seed). @return as
+ *  dtr_linear_layer_add_lora. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_linear_add_lora(dtr_tp_linear *layer, dtr_model *m, int rank, float alpha);
+/** Folds this rank's part of the adapter into its shard of the weight (W_r += (alpha / rank)
+ *  B_r A, or B A_r) and sets B to zero: local, no communication. @return as
+ *  dtr_linear_layer_merge_lora. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_linear_merge_lora(dtr_tp_linear *layer);
 /** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) dtr_tp_gather. Row: dtr_tp_reduce(x W_shard^T) +
- *  bias. @return the output or NULL with the context's error. Collective over l->comm.
+ *  bias. With an adapter (dtr_tp_linear_add_lora) its product is added before the gather. @return the output or NULL with the context's error. Collective over l->comm.
  *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
 DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
 
