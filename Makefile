@@ -552,12 +552,12 @@ test-sanitize: deps
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 DTR_TEST_QUICK=1 TEST_TIMEOUT=1500 \
 	    tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS) $(EMU_TESTS))
 
-# test-tsan: the multi-threaded tests (thread pool, local transport, loader, data-parallel,
-# pipeline, ZeRO, parameter servers, compression, observability) built with ThreadSanitizer
+# test-tsan: the multi-threaded tests (thread pool, local and libfabric transports, loader,
+# data-parallel, pipeline, ZeRO, parameter servers, compression, observability) built with ThreadSanitizer
 # into build-tsan/ and run with DTR_TEST_QUICK=1: a data race fails the program (x86's strong
 # memory order hides races that ARM's weaker one shows). Not in check (minutes).
 TSAN_TESTS ?= test_gemm test_core test_comm test_data_loader test_dp test_pipeline test_zero test_ps test_obs \
-              test_compress test_tensor_parallel test_health
+              test_compress test_tensor_parallel test_health test_fabric
 test-tsan:
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-tsan OPT="-O1 -g" SANITIZE="-fsanitize=thread" \
 	    $(addprefix build-tsan/tests/,$(TSAN_TESTS))
