@@ -70,7 +70,7 @@ static dtr_result noise_state(void *obj, int index, dtr_state_entry *out) {
 
 typedef struct rig_opts {
     int world, rank, zero, adam, hidden, keep, fallback, sync, skip;
-    int freeze;   /* l1 frozen: only l2 trains (and has moments) */
+    int freeze;   /* 1: l1 frozen, only l2 trains (and has moments); 2: l1's bias alone frozen */
     dtr_comm *comm;
     const char *dir;
 } rig_opts;
@@ -94,7 +94,7 @@ static int rig_open(rig *g, const rig_opts *o) {
     dtr_optimizer_config oc = dtr_optimizer_config_init(o->adam ? DTR_OPT_ADAM : DTR_OPT_SGD, 0.05f);
     dtr_dp_config dc = dtr_dp_config_init();
     dtr_ckpt_config kc = dtr_ckpt_config_init();
-    const char *l1[1] = {"l1."};
+    const char *l1[1] = {o->freeze == 2 ? "l1.bias" : "l1."};
     memset(g, 0, sizeof *g);
     cc.threads = 1;
     cc.seed = 11 + (uint64_t)o->rank;
@@ -728,7 +728,8 @@ static void test_corruption(void) {
 /* ---- world-size changes ---- */
 
 /* l1 frozen, saved on 2 ranks, restored on 1: without ZeRO the moments (l2's only, the same on
-   both ranks) come back; ZeRO shards of such moments cannot be re-split (a clear error). */
+   both ranks) come back; ZeRO's shards of them (each rank's trainable floats, packed) are
+   re-split: the one rank holds the two shards' moments end to end. */
 static void frozen_world_change(int zero) {
     char dir[256];
     job save2, load1;
@@ -741,14 +742,47 @@ static void frozen_world_change(int zero) {
     load1.freeze = 1;
     job_run(&load1);
     if (zero) {
-        CHECK_MSG(load1.result[0] == DTR_UNSUPPORTED && strstr(load1.msg[0], "cannot be re-split"), "frozen ZeRO 2 -> 1: %d %s",
-                  load1.result[0], load1.msg[0]);
+        CHECK_MSG(load1.result[0] == DTR_OK, "frozen ZeRO 2 -> 1: %s", load1.msg[0]);
+        CHECK(load1.out[0].m && save2.out[0].m && save2.out[1].m && load1.out[0].nm == save2.out[0].nm + save2.out[1].nm &&
+              load1.out[0].nm < load1.out[0].np / 2);
+        CHECK(load1.out[0].m && save2.out[0].m && save2.out[1].m && load1.out[0].nm == save2.out[0].nm + save2.out[1].nm &&
+              memcmp(load1.out[0].m, save2.out[0].m, save2.out[0].nm * 4) == 0 &&
+              memcmp(load1.out[0].m + save2.out[0].nm, save2.out[1].m, save2.out[1].nm * 4) == 0);
     } else {
         CHECK_MSG(load1.result[0] == DTR_OK, "frozen 2 -> 1: %s", load1.msg[0]);
         CHECK(load1.out[0].m && save2.out[0].m && load1.out[0].nm == save2.out[0].nm && load1.out[0].nm < load1.out[0].np / 2);
         CHECK(load1.out[0].m && save2.out[0].m && memcmp(load1.out[0].m, save2.out[0].m, load1.out[0].nm * 4) == 0);
     }
     job_free(&save2); job_free(&load1);
+    rm_tree(dir);
+}
+
+/* l1's bias frozen (between trainable l1.weight and l2), saved on 1 rank, restored on 2 with
+   ZeRO: each rank's shard of the packed moments (both hold some: the shards meet inside
+   l1.weight), end to end the saved ones; the two ranks then train on alike */
+static void frozen_split(void) {
+    char dir[256];
+    job save1, load2;
+    CHECK(make_tmp_dir("dtr_ckpt_frozen", dir, sizeof dir));
+    save1 = job_make(JOB_SAVE_THEN_RUN, 1, 0, 1, 4, dir);
+    save1.save_at = 4, save1.freeze = 2;
+    job_run(&save1);
+    load2 = job_make(JOB_RESTORE_ONLY, 2, 1, 1, 0, dir);
+    load2.freeze = 2;
+    job_run(&load2);
+    CHECK_MSG(load2.result[0] == DTR_OK && load2.result[1] == DTR_OK, "frozen 1 -> ZeRO 2: %s / %s", load2.msg[0], load2.msg[1]);
+    CHECK(load2.out[0].nm > 0 && load2.out[1].nm > 0 && save1.out[0].nm < save1.out[0].np);
+    CHECK(save1.out[0].m && load2.out[0].m && load2.out[1].m && load2.out[0].nm + load2.out[1].nm == save1.out[0].nm &&
+          memcmp(load2.out[0].m, save1.out[0].m, load2.out[0].nm * 4) == 0 &&
+          memcmp(load2.out[1].m, save1.out[0].m + load2.out[0].nm, load2.out[1].nm * 4) == 0);
+    job_free(&load2);
+    load2 = job_make(JOB_RESTORE_TRAIN, 2, 1, 1, 3, dir);
+    load2.freeze = 2;
+    job_run(&load2);
+    CHECK_MSG(load2.result[0] == DTR_OK && load2.result[1] == DTR_OK && isfinite(load2.loss[0]), "%s", load2.msg[0]);
+    CHECK(load2.out[0].params && load2.out[1].params &&
+          memcmp(load2.out[0].params, load2.out[1].params, load2.out[0].np * 4) == 0);
+    job_free(&save1); job_free(&load2);
     rm_tree(dir);
 }
 
@@ -817,6 +851,7 @@ static void test_world_change(void) {
     rm_tree(dir);
     frozen_world_change(0);
     frozen_world_change(1);
+    frozen_split();
 }
 
 int main(void) {

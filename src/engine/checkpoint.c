@@ -971,12 +971,29 @@ static dtr_result dtr__ck_size_err(dtr_ckpt *ck, const dtr__ck_src *s, int k, co
                      d->e.bytes);
 }
 
-/* ZeRO re-split: this rank's optimizer range gathered from the old ranks' shards. */
+/* The moments' floats for model floats [a, b): the trainable ones (the optimizer keeps none for
+   frozen parameters, and packs the others in the buffer's order) */
+static int64_t dtr__ck_packed(dtr_model *m, int64_t a, int64_t b) {
+    int64_t n = 0, lo, hi;
+    int i = 0;
+    if (!m || !dtr__model_frozen(m)) return b > a ? b - a : 0;
+    while (dtr__model_next_run(m, &i, &lo, &hi)) {
+        lo = lo > a ? lo : a, hi = hi < b ? hi : b;
+        if (lo < hi) n += hi - lo;
+    }
+    return n;
+}
+
+/* ZeRO re-split: this rank's optimizer range gathered from the old ranks' shards (with frozen
+   parameters the trainable floats of each: packed in the same order, those of [lo, hi) are one
+   stretch in either buffer). */
 static dtr_result dtr__ck_gather_shard(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d, unsigned char *dst) {
-    int64_t base, len, covered = 0;
+    dtr_model *m = ck->cfg.model;
+    int64_t base, len, covered = 0, want;
     int k;
     dtr__optimizer_range(ck->cfg.optimizer, &base, &len);
-    if ((int64_t)d->e.bytes != len * (int64_t)sizeof(float)) return dtr__ck_size_err(ck, s, 0, d, (uint64_t)len * 4);
+    want = dtr__ck_packed(m, base, base + len);
+    if ((int64_t)d->e.bytes != want * (int64_t)sizeof(float)) return dtr__ck_size_err(ck, s, 0, d, (uint64_t)want * 4);
     for (k = 0; k < s->m->world; k++) {
         const dtr__ck_rec *fr = &s->m->files[k];
         int64_t lo = fr->shard_begin > base ? fr->shard_begin : base, hi = fr->shard_end < base + len ? fr->shard_end : base + len;
@@ -985,8 +1002,10 @@ static dtr_result dtr__ck_gather_shard(dtr_ckpt *ck, dtr__ck_src *s, const dtr__
         dtr_result r;
         if (hi <= lo) continue;
         if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
-        if (bytes != (uint64_t)(fr->shard_end - fr->shard_begin) * sizeof(float)) return dtr__ck_size_err(ck, s, k, d, bytes);
-        memcpy(dst + (lo - base) * 4, src + (lo - fr->shard_begin) * 4, (size_t)(hi - lo) * 4);
+        if (bytes != (uint64_t)dtr__ck_packed(m, fr->shard_begin, fr->shard_end) * sizeof(float))
+            return dtr__ck_size_err(ck, s, k, d, bytes);
+        memcpy(dst + dtr__ck_packed(m, base, lo) * 4, src + dtr__ck_packed(m, fr->shard_begin, lo) * 4,
+               (size_t)dtr__ck_packed(m, lo, hi) * 4);
         if (lo >= base + covered) covered = hi - base;   /* shards are ordered and disjoint */
     }
     if (covered != len)
@@ -1008,16 +1027,6 @@ static void dtr__ck_fix_cursor(dtr_ckpt *ck, unsigned char *dst) {
     memcpy(dst, &c, sizeof c);
 }
 
-/* Frozen parameters (dtr_model_set_trainable): the moments hold the trainable floats only, so
-   no model offsets re-split ZeRO shards of them; without ZeRO every rank holds the same ones
-   and old rank k's are copied (DTR_OK). */
-static dtr_result dtr__ck_frozen_moments(dtr_ckpt *ck, const dtr__ck_src *s, int k, int64_t len) {
-    const dtr__ck_rec *fr = &s->m->files[k];
-    if (len == dtr_model_numel(ck->cfg.model) && fr->shard_begin == 0 && fr->shard_end == len) return DTR_OK;
-    return dtr__errf(ck->msg, sizeof ck->msg, DTR_UNSUPPORTED, "%s: ZeRO shards of an optimizer over frozen parameters "
-                     "(dtr_model_set_trainable) cannot be re-split: restore on %d ranks", s->sd, s->m->world);
-}
-
 /* Stages live entry d from the checkpoint (verified) at ck->stage + d->off. */
 static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d) {
     int same = s->m->world == ck->world, k = same ? ck->rank : ck->rank % s->m->world;
@@ -1025,12 +1034,8 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
     const unsigned char *src;
     uint64_t bytes;
     dtr_result r;
-    int64_t base, len;
-    dtr__optimizer_range(ck->cfg.optimizer, &base, &len);
-    if (!same && o->kind == DTR__CK_OPT && (strcmp(d->name, "optimizer/m") == 0 || strcmp(d->name, "optimizer/v") == 0)) {
-        if (!ck->cfg.model || !dtr__model_frozen(ck->cfg.model)) return dtr__ck_gather_shard(ck, s, d, ck->stage + d->off);
-        if ((r = dtr__ck_frozen_moments(ck, s, k, len)) != DTR_OK) return r;
-    }
+    if (!same && o->kind == DTR__CK_OPT && (strcmp(d->name, "optimizer/m") == 0 || strcmp(d->name, "optimizer/v") == 0))
+        return dtr__ck_gather_shard(ck, s, d, ck->stage + d->off);
     if (!same && o->kind == DTR__CK_DP && strcmp(d->name, "dp/residual") == 0) {
         memset(ck->stage + d->off, 0, d->e.bytes);
         return DTR_OK;

@@ -968,8 +968,7 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
  *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Call it alike on every rank's model (data-parallel ranks,
  *  parameter servers, stages). LAMB over a ZeRO shard refuses frozen parameters
- *  (DTR_UNSUPPORTED at the step), and so does restoring ZeRO shards of an optimizer over frozen
- *  parameters on another number of ranks.
+ *  (DTR_UNSUPPORTED at the step). A checkpoint restores with the trainable set it was saved with.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
