@@ -30505,11 +30505,16 @@ static dtr_result dtr__dp_zero1_start(dtr_dp *dp) {
     return r == DTR_OK ? dtr__zero_start(dp->z, dtr__dp_grads(dp), 0, 0, n) : r;
 }
 
-/* the reduced gradients back to the device: the whole buffer, or with ZeRO this rank's shard */
+/* the reduced gradients back to the device: the buckets' floats (frozen parameters' stay the
+   device's zeros: the staging buffer never held them), or with ZeRO this rank's shard */
 static dtr_result dtr__dp_unstage_grads(dtr_dp *dp) {
+    dtr_result r = DTR_OK;
     int64_t b = 0, e = dtr_model_numel(dp->m);
+    int i;
     if (dp->z) dtr__zero_shard(dp->z, &b, &e);
-    return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+    if (dp->z || !dtr__model_frozen(dp->m)) return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+    for (i = 0; i < dp->nb && r == DTR_OK; i++) r = dtr__dp_stage(dp, dtr_model_grads(dp->m), dp->b[i].begin, dp->b[i].end, 1);
+    return r;
 }
 
 dtr_result dtr_dp_finish(dtr_dp *dp) {
@@ -30689,7 +30694,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30693 "dtrain.h"
+#line 30698 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31195,7 +31200,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31199 "dtrain.h"
+#line 31204 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32747,7 +32752,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32751 "dtrain.h"
+#line 32756 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32801,7 +32806,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32805 "dtrain.h"
+#line 32810 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -33998,7 +34003,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34002 "dtrain.h"
+#line 34007 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34901,7 +34906,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34905 "dtrain.h"
+#line 34910 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36379,7 +36384,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36383 "dtrain.h"
+#line 36388 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36772,7 +36777,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36776 "dtrain.h"
+#line 36781 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36921,7 +36926,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36925 "dtrain.h"
+#line 36930 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -337,12 +337,16 @@ static dtr_result devsim__sync(dtr_context *ctx) {
     return dtr__cpu_backend.synchronize(ctx);
 }
 
-/* staging memory: plain host memory, counted (a device's staging buffers come from here) */
+/* staging memory: plain host memory, counted (a device's staging buffers come from here), and
+   poisoned (0xff bytes: NaNs), as page-locked memory comes with whatever it held: a read of
+   staging floats nothing wrote shows */
 static int devsim_host_blocks;
 static void *devsim__host_alloc(dtr_context *ctx, size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
     (void)ctx;
     __atomic_add_fetch(&devsim_host_blocks, 1, __ATOMIC_RELAXED);
-    return malloc(bytes ? bytes : 1);
+    if (p) memset(p, 0xff, bytes ? bytes : 1);
+    return p;
 }
 static void devsim__host_free(dtr_context *ctx, void *p) {
     (void)ctx;

@@ -348,6 +348,7 @@ typedef struct dp_case {
     int dev, zero, local_sgd;
     int host_codec;       /* the backend without the codec slots: compression on a host copy */
     int ckpt;             /* the residual through a checkpoint at the end (resid_roundtrip) */
+    int freeze;           /* l1 frozen (dtr_model_set_trainable): in no bucket */
     dtr_dp_compress compress;
     dtr_optimizer_kind kind;
     float out[4][NPAR];   /* each rank's parameters after the run */
@@ -402,6 +403,10 @@ static void rk_dp(rk *r) {
     pc.zero = dc->zero;
     pc.local_sgd_every = dc->local_sgd;
     pc.compress = dc->compress;
+    if (dc->freeze) {
+        const char *l1[1] = {"l1."};
+        RK_OK(r, dtr_model_set_trainable(n.m, l1, 1, 0));
+    }
     RK_OK(r, dtr_dp_create(n.m, r->c, &pc, &dp));
     if (dp) RK_OK(r, dtr_dp_shard_optimizer(dp, &oc));
     RK_OK(r, dtr_optimizer_create(n.m, &oc, &n.opt));
@@ -440,6 +445,17 @@ static void test_dp_over_staged_group(void) {
     CHECK_EQ_INT(run_rk(2, DEV_BACKEND(), DTR_MEM_DEVICE, rk_dp, &dev), 0);
     CHECK_EQ_INT(run_rk(2, NULL, DTR_MEM_HOST, rk_dp, &cpu), 0);
     CHECK(close_runs(dev.out[0], cpu.out[0], 2 * NPAR) && memcmp(dev.out[0], dev.out[1], sizeof dev.out[0]) == 0);
+    CHECK_EQ_INT(devsim__violations, 0);
+    /* l1 frozen, the device model over a host group (the engine's staging buffer) and over the
+       device group: the staging buffer's l1 part is never written (poisoned NaNs), and never
+       copied back: clipping's norm on the device sees zeros there */
+    dev.freeze = cpu.freeze = 1;
+    CHECK_EQ_INT(run_rk(2, NULL, DTR_MEM_HOST, rk_dp, &cpu), 0);
+    CHECK_EQ_INT(run_rk(2, DEV_BACKEND(), DTR_MEM_HOST, rk_dp, &dev), 0);
+    CHECK_MSG(close_runs(dev.out[0], cpu.out[0], 2 * NPAR) && memcmp(dev.out[0], dev.out[1], sizeof dev.out[0]) == 0,
+              "frozen, staged: %g off the CPU", rel_err(dev.out[0], cpu.out[0], NPAR));
+    CHECK_EQ_INT(run_rk(2, DEV_BACKEND(), DTR_MEM_DEVICE, rk_dp, &dev), 0);
+    CHECK_MSG(close_runs(dev.out[0], cpu.out[0], 2 * NPAR), "frozen, device group: %g off the CPU", rel_err(dev.out[0], cpu.out[0], NPAR));
     CHECK_EQ_INT(devsim__violations, 0);
 }
 
