@@ -197,9 +197,9 @@ dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why) {
     dtr_result r;
     dtr__boot_key(w->boot, key, sizeof key, "abort-claim", -1);
     if ((r = dtr_store_add(w->boot->st, key, 1, &n)) != DTR_OK) return r;
-    w->published = 1;
+    DTR__ATOMIC_STORE(&w->published, 1);
     if (n != 1) return DTR_OK;
-    w->won = 1;   /* another rank's failure is (being) written: the watchdog reads it */
+    DTR__ATOMIC_STORE(&w->won, 1);   /* another rank's failure is (being) written: the watchdog reads it */
     snprintf(val, sizeof val, "%d %s", who, why);
     dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
     return dtr_store_set(w->boot->st, key, val, strlen(val));
@@ -217,9 +217,10 @@ static void dtr__watch_peer_gone(dtr__watchdog *w, int p, const char *how) {
     dtr__boot_key(w->boot, key, sizeof key, "left", p);
     if (dtr_store_check(w->boot->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
         w->gone[p] = 1;
-        if (!w->ops.died && !w->heard && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
+        if (!w->ops.died && !DTR__ATOMIC_LOAD(&w->heard) && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
             w->ops.fail(w->ops.t, who, why, 0);
-            w->published = w->heard = 1;
+            DTR__ATOMIC_STORE(&w->published, 1);
+            DTR__ATOMIC_STORE(&w->heard, 1);
             return;
         }
         w->ops.left(w->ops.t, p);
@@ -232,20 +233,20 @@ static void dtr__watch_peer_gone(dtr__watchdog *w, int p, const char *how) {
     }
     /* tell the world first, without the transport's lock: a thread of ours may be stuck
        inside the transport holding it, and the other ranks must learn of the death */
-    if (!w->published) dtr__watchdog_publish(w, p, how);
-    w->ops.fail(w->ops.t, p, how, !w->published);
+    if (!DTR__ATOMIC_LOAD(&w->published)) dtr__watchdog_publish(w, p, how);
+    w->ops.fail(w->ops.t, p, how, !DTR__ATOMIC_LOAD(&w->published));
 }
 
 /* Our own failure, not yet told: write it to the abort key. 1 when the store is gone. */
 static int dtr__watch_own_failure(dtr__watchdog *w) {
     char why[256];
     int who = -1;
-    if (w->published) return 0;
+    if (DTR__ATOMIC_LOAD(&w->published)) return 0;
     if (w->ops.to_publish(w->ops.t, &who, why, sizeof why) && dtr__watchdog_publish(w, who, why) != DTR_OK) {
-        w->published = 1;
+        DTR__ATOMIC_STORE(&w->published, 1);
         return 1;
     }
-    w->published = 1;
+    DTR__ATOMIC_STORE(&w->published, 1);
     return 0;
 }
 
@@ -269,7 +270,7 @@ static void dtr__watch_beat_seen(dtr__watchdog *w, int p, int64_t v, int64_t now
     w->seen_ns[p] = now;
     stale = !w->boot->on_host[p] && now - w->beat_ns[p] > w->stale_ns;
     pthread_mutex_unlock(&w->mu);
-    if (stale && !w->published) {
+    if (stale && !DTR__ATOMIC_LOAD(&w->published)) {
         char how[160];
         snprintf(how, sizeof how, "rank %d stopped answering (no heartbeat for %lld ms)", p,
                  (long long)((now - w->beat_ns[p]) / 1000000));
@@ -323,9 +324,10 @@ static dtr_result dtr__watch_world(dtr__watchdog *w, int *aborted) {
     char key[96], why[256];
     int who = -1;
     dtr_result r = DTR_OK;
-    if (!w->heard && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
+    if (!DTR__ATOMIC_LOAD(&w->heard) && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
         w->ops.fail(w->ops.t, who, why, 0);
-        w->published = w->heard = 1;
+        DTR__ATOMIC_STORE(&w->published, 1);
+        DTR__ATOMIC_STORE(&w->heard, 1);
         *aborted = 1;
     }
     dtr__boot_key(w->boot, key, sizeof key, "beat", w->boot->rank);
@@ -360,7 +362,7 @@ static void *dtr__watch_main(void *arg) {
         DTR__ATOMIC_STORE(&w->in_store, 1);
         r = dtr__watch_world(w, &aborted);
         DTR__ATOMIC_STORE(&w->in_store, 0);
-        if (r != DTR_OK && !aborted && !w->published) {
+        if (r != DTR_OK && !aborted && !DTR__ATOMIC_LOAD(&w->published)) {
             /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
             char why[256];
             snprintf(why, sizeof why, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
@@ -429,7 +431,7 @@ int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap) 
         who = suspect;
         snprintf(why, cap, "rank %d (or a rank it waits for) did not take part in time", who);
     }
-    if (dtr__watchdog_publish(w, who, why) != DTR_OK || w->won) return who;
+    if (dtr__watchdog_publish(w, who, why) != DTR_OK || DTR__ATOMIC_LOAD(&w->won)) return who;
     /* another rank told the world first: take its culprit (it writes the key right after its claim) */
     dtr__watch_abort_key(w, 1, &who, why, cap);
     return who;
@@ -499,7 +501,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 503 "dtrain_comm.c"
+#line 505 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1794,7 +1796,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1798 "dtrain_comm.c"
+#line 1800 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2310,5 +2312,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2314 "dtrain_comm.c"
+#line 2316 "dtrain_comm.c"
 

@@ -321,9 +321,10 @@ typedef struct dtr__watchdog {
     int64_t *seen_ns;          /* when each peer's heartbeat was last read (under mu) */
     int64_t stale_ns;          /* a remote heartbeat older than this is a failure */
     int next_remote;           /* the peer whose heartbeat is read next (large worlds: one per round) */
-    volatile int published;    /* the world's abort key holds a failure (ours or read) */
-    volatile int heard;        /* the abort key was read and handed to the transport */
-    volatile int won;          /* this rank's failure is the one the abort key holds */
+    int published;             /* the world's abort key holds a failure (ours or read); atomic: the
+                                  watchdog thread and a waiting thread (dtr__watchdog_culprit) set it */
+    int heard;                 /* the abort key was read and handed to the transport (atomic) */
+    int won;                   /* this rank's failure is the one the abort key holds (atomic) */
     int64_t ok_ns;             /* when the store last answered a whole round (under mu) */
     int64_t tick_ns;           /* the thread's last wake-up (under mu): old when this process was stopped */
     int in_store;              /* the thread is in a store call (which may wait for a silent store); atomic */

@@ -1607,8 +1607,12 @@ typedef struct dtr_optimizer dtr_optimizer;
 DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
 DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
 /** One call per micro-batch after dtr_backward. Applies an update (clipping and schedule
- *  included) once every grad_accum_steps calls, then zeroes the gradients.
- *  @param updated  set to 1 when parameters changed (may be NULL). */
+ *  included) once every grad_accum_steps calls, then zeroes the gradients. Every trainable
+ *  parameter is updated, also one the step's backward did not reach: its gradient is zero, and
+ *  momentum, Adam's moments and weight decay still move it (PyTorch skips a parameter whose
+ *  .grad is None); freeze what a phase does not train (dtr_model_set_trainable).
+ *  @param updated  set to 1 when parameters changed (may be NULL).
+ *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_optimizer_step(dtr_optimizer *opt, int *updated);
 /** Number of updates applied so far (the schedule's step). */
 DTR_API int64_t dtr_optimizer_steps(const dtr_optimizer *opt);
