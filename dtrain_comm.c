@@ -911,11 +911,15 @@ static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
     f->retry_tail = q;
 }
 
-/* Posts the refused requests, oldest first, until the provider refuses one again. */
+/* Posts the refused requests, oldest first, until the provider refuses one again. The next
+   one is read first: a request that fails there (released, the world failed) may be recycled
+   and posted anew by another thread before try_post returns. */
 static int dtr__fab_retry(dtr__fab *f) {
     int n = 0;
-    while (f->retry && !dtr__fab_try_post(f, f->retry)) {
-        f->retry = f->retry->next_post;
+    while (f->retry) {
+        dtr__freq *next = f->retry->next_post;
+        if (dtr__fab_try_post(f, f->retry)) break;
+        f->retry = next;
         if (!f->retry) f->retry_tail = NULL;
         n++;
     }
@@ -1796,7 +1800,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1800 "dtrain_comm.c"
+#line 1804 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2312,5 +2316,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2316 "dtrain_comm.c"
+#line 2320 "dtrain_comm.c"
 

@@ -404,11 +404,15 @@ static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
     f->retry_tail = q;
 }
 
-/* Posts the refused requests, oldest first, until the provider refuses one again. */
+/* Posts the refused requests, oldest first, until the provider refuses one again. The next
+   one is read first: a request that fails there (released, the world failed) may be recycled
+   and posted anew by another thread before try_post returns. */
 static int dtr__fab_retry(dtr__fab *f) {
     int n = 0;
-    while (f->retry && !dtr__fab_try_post(f, f->retry)) {
-        f->retry = f->retry->next_post;
+    while (f->retry) {
+        dtr__freq *next = f->retry->next_post;
+        if (dtr__fab_try_post(f, f->retry)) break;
+        f->retry = next;
         if (!f->retry) f->retry_tail = NULL;
         n++;
     }
