@@ -301,7 +301,7 @@ dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out
         int64_t lo = m->offsets[i] > b ? m->offsets[i] : b, hi = m->offsets[i] + dtr_tensor_numel(m->params[i]);
         double x = 0.0;
         if (hi > e) hi = e;
-        if (lo >= hi) continue;
+        if (lo >= hi || !dtr_model_param_trainable(m, i)) continue;   /* a frozen one's are zeros */
         r = ctx->backend->sumsq(ctx, m->grad + lo, hi - lo, &x);
         if (m->shards[i].comm) split += x;
         else rep += x;
@@ -613,9 +613,10 @@ dtr_result dtr__model_grad_scale(dtr_model *m, float factor) {
     return r;
 }
 
-/* host memory with frozen parameters: the trainable runs zeroed; the frozen ones stay zero (no
-   backward, update or data-parallel exchange writes them), their pages given back once after
-   each change of the trainable set (a parameter frozen with a gradient in it loses it) */
+/* host memory with frozen parameters: the trainable runs zeroed; the frozen ones stay zero
+   (backward, the update and data parallelism without ZeRO never write them; ZeRO's exchange
+   writes zeros there), their pages given back once after each change of the trainable set (a
+   parameter frozen with a gradient in it loses it) */
 static dtr_result dtr__zero_grad_runs(dtr_model *m) {
     dtr_result r = DTR_OK;
     int64_t lo, hi;
