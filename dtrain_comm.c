@@ -677,6 +677,8 @@ typedef struct dtr__fab {
     dtr__freq *post_head, *post_tail;   /* requests to post, oldest first */
     dtr__freq *retry, *retry_tail;   /* the thread's own: posts the provider refused for now, in order */
     int ncancel, inflight, nleaving, want_close_ep, sleepers;
+    int ep_closed;               /* the provider thread closed the endpoint (want_close_ep): it
+                                    touches no buffer any more */
     unsigned events;             /* completions so far (waiters spin on it briefly, without the lock:
                                     written atomically under it) */
     pthread_t thread;
@@ -1038,6 +1040,10 @@ static int dtr__fab_round(dtr__fab *f, dtr__freq *batch) {
     if (close_ep) {   /* the world failed: the provider lets go of every buffer; later posts fail */
         fi_close(&f->ep->fid);
         f->ep = NULL;
+        pthread_mutex_lock(&f->mu);
+        f->ep_closed = 1;
+        pthread_cond_broadcast(&f->done_cv);   /* releases that gave up wait for this */
+        pthread_mutex_unlock(&f->mu);
     }
     i = dtr__fab_read_cq(f);
     return n + nc + (i > 0 ? i : 0);
@@ -1244,6 +1250,13 @@ static void dtr__fab_release_wait(dtr__fab *f, dtr__freq *q, int64_t until) {
     }
 }
 
+/* Waits (lock held) until the provider thread closed the endpoint, at most until `until`. */
+static void dtr__fab_wait_ep_closed(dtr__fab *f, int64_t until) {
+    f->sleepers++;
+    while (!f->ep_closed && dtr_time_ns() < until) dtr__cond_wait_until(&f->done_cv, &f->mu, until);
+    f->sleepers--;
+}
+
 static void dtr__fab_release(void *state, void *req) {
     dtr__fab *f = (dtr__fab *)state;
     dtr__freq *q = (dtr__freq *)req, **pp;
@@ -1276,16 +1289,18 @@ static void dtr__fab_release(void *state, void *req) {
     else if (f->left[q->peer] == 2) q->released = 2;   /* its peer died (isolated): abandoned */
     else {
         /* the provider would not give it back (or is stuck): break the world and close the
-           endpoint, after which the provider touches no buffer; recycled if it ever completes */
+           endpoint, after which the provider touches no buffer (waited for: the caller frees
+           the buffer next); recycled if it ever completes */
+        int mine;
         q->released = 2;
         f->want_close_ep = 1;
         pthread_cond_signal(&f->work_cv);
-        if (dtr__fab_fail_locked(f, f->rank, 1, "rank %d could not cancel a pending %s rank %d (%zu bytes)", f->rank,
-                                 q->is_recv ? "receive from" : "send to", q->peer, q->bytes)) {
-            pthread_mutex_unlock(&f->mu);
-            dtr__fab_wake_watchdog(f);
-            return;
-        }
+        mine = dtr__fab_fail_locked(f, f->rank, 1, "rank %d could not cancel a pending %s rank %d (%zu bytes)", f->rank,
+                                    q->is_recv ? "receive from" : "send to", q->peer, q->bytes);
+        dtr__fab_wait_ep_closed(f, until + f->timeout_ns);
+        pthread_mutex_unlock(&f->mu);
+        if (mine) dtr__fab_wake_watchdog(f);
+        return;
     }
     pthread_mutex_unlock(&f->mu);
 }
@@ -1800,7 +1815,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1804 "dtrain_comm.c"
+#line 1819 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2316,5 +2331,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2320 "dtrain_comm.c"
+#line 2335 "dtrain_comm.c"
 
