@@ -17766,9 +17766,9 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
-/* a's step for run r: its parameters' own update count, from 1 (torch.optim's state["step"]) */
-static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int r) {
-    int64_t started = o->started[o->map.first[r]];
+/* a's step for parameters whose state started at update `started`: their own update count,
+   from 1 (torch.optim's state["step"]) */
+static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int64_t started) {
     a->first = o->steps == started;
     a->step = o->steps - started + 1;
 }
@@ -17782,7 +17782,7 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
     a->weight_decay = o->decays[o->map.first[r]] ? o->cfg.weight_decay : 0.0f;
-    dtr__run_step(o, a, r);
+    dtr__run_step(o, a, o->started[o->map.first[r]]);
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
         a->seg_begin = o->seg_begin + o->run_seg[r];
@@ -17809,7 +17809,7 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
             return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
                              "(dtr_model_set_trainable), parameters without weight decay, or parameters unfrozen "
                              "after others' first update is not supported; use Adam or AdamW");
-        a->first = o->steps == o->started[0], a->step = o->steps - o->started[0] + 1;
+        dtr__run_step(o, a, o->started[0]);
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
@@ -30511,14 +30511,16 @@ static dtr_result dtr__dp_zero1_start(dtr_dp *dp) {
     return r == DTR_OK ? dtr__zero_start(dp->z, dtr__dp_grads(dp), 0, 0, n) : r;
 }
 
-/* the reduced gradients back to the device: the buckets' floats (frozen parameters' stay the
-   device's zeros: the staging buffer never held them), or with ZeRO this rank's shard */
+/* the reduced gradients back to the device: each bucket's floats (frozen parameters, in none,
+   keep the device's zeros: the staging buffer never held them), or with ZeRO this rank's shard */
 static dtr_result dtr__dp_unstage_grads(dtr_dp *dp) {
     dtr_result r = DTR_OK;
-    int64_t b = 0, e = dtr_model_numel(dp->m);
+    int64_t b, e;
     int i;
-    if (dp->z) dtr__zero_shard(dp->z, &b, &e);
-    if (dp->z || !dtr__model_frozen(dp->m)) return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+    if (dp->z) {
+        dtr__zero_shard(dp->z, &b, &e);
+        return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+    }
     for (i = 0; i < dp->nb && r == DTR_OK; i++) r = dtr__dp_stage(dp, dtr_model_grads(dp->m), dp->b[i].begin, dp->b[i].end, 1);
     return r;
 }
@@ -30700,7 +30702,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30704 "dtrain.h"
+#line 30706 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31206,7 +31208,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31210 "dtrain.h"
+#line 31212 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32758,7 +32760,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32762 "dtrain.h"
+#line 32764 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32812,7 +32814,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32816 "dtrain.h"
+#line 32818 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34009,7 +34011,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34013 "dtrain.h"
+#line 34015 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34912,7 +34914,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34916 "dtrain.h"
+#line 34918 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36390,7 +36392,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36394 "dtrain.h"
+#line 36396 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36783,7 +36785,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36787 "dtrain.h"
+#line 36789 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36932,7 +36934,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36936 "dtrain.h"
+#line 36938 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

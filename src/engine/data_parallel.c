@@ -394,14 +394,16 @@ static dtr_result dtr__dp_zero1_start(dtr_dp *dp) {
     return r == DTR_OK ? dtr__zero_start(dp->z, dtr__dp_grads(dp), 0, 0, n) : r;
 }
 
-/* the reduced gradients back to the device: the buckets' floats (frozen parameters' stay the
-   device's zeros: the staging buffer never held them), or with ZeRO this rank's shard */
+/* the reduced gradients back to the device: each bucket's floats (frozen parameters, in none,
+   keep the device's zeros: the staging buffer never held them), or with ZeRO this rank's shard */
 static dtr_result dtr__dp_unstage_grads(dtr_dp *dp) {
     dtr_result r = DTR_OK;
-    int64_t b = 0, e = dtr_model_numel(dp->m);
+    int64_t b, e;
     int i;
-    if (dp->z) dtr__zero_shard(dp->z, &b, &e);
-    if (dp->z || !dtr__model_frozen(dp->m)) return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+    if (dp->z) {
+        dtr__zero_shard(dp->z, &b, &e);
+        return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+    }
     for (i = 0; i < dp->nb && r == DTR_OK; i++) r = dtr__dp_stage(dp, dtr_model_grads(dp->m), dp->b[i].begin, dp->b[i].end, 1);
     return r;
 }

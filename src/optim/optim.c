@@ -542,9 +542,9 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
-/* a's step for run r: its parameters' own update count, from 1 (torch.optim's state["step"]) */
-static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int r) {
-    int64_t started = o->started[o->map.first[r]];
+/* a's step for parameters whose state started at update `started`: their own update count,
+   from 1 (torch.optim's state["step"]) */
+static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int64_t started) {
     a->first = o->steps == started;
     a->step = o->steps - started + 1;
 }
@@ -558,7 +558,7 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
     a->weight_decay = o->decays[o->map.first[r]] ? o->cfg.weight_decay : 0.0f;
-    dtr__run_step(o, a, r);
+    dtr__run_step(o, a, o->started[o->map.first[r]]);
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
         a->seg_begin = o->seg_begin + o->run_seg[r];
@@ -585,7 +585,7 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
             return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
                              "(dtr_model_set_trainable), parameters without weight decay, or parameters unfrozen "
                              "after others' first update is not supported; use Adam or AdamW");
-        a->first = o->steps == o->started[0], a->step = o->steps - o->started[0] + 1;
+        dtr__run_step(o, a, o->started[0]);
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
