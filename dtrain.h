@@ -992,8 +992,7 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
  *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Call it alike on every rank's model (data-parallel ranks,
- *  parameter servers, stages). LAMB over a ZeRO shard refuses frozen parameters
- *  (DTR_UNSUPPORTED at the step). A checkpoint restores with the trainable set it was saved with.
+ *  parameter servers, stages). A checkpoint restores with the trainable set it was saved with.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
@@ -1535,19 +1534,32 @@ typedef enum dtr_optimizer_kind {
 
 typedef enum dtr_schedule_kind {
     DTR_SCHED_CONSTANT = 0,
-    DTR_SCHED_STEP = 1,    /**< lr * gamma^(floor(step / step_size)) */
-    DTR_SCHED_COSINE = 2   /**< cosine from lr to min_lr over total_steps */
+    DTR_SCHED_STEP = 1,    /**< lr * gamma^(floor(t / step_size)) (torch's StepLR) */
+    DTR_SCHED_COSINE = 2,  /**< cosine from lr to min_lr over total_steps (CosineAnnealingLR), then min_lr */
+    DTR_SCHED_LINEAR = 3,  /**< a straight line from lr to min_lr over total_steps, then min_lr (with
+                                warm-up: Hugging Face's get_linear_schedule_with_warmup, the usual
+                                fine-tuning schedule; torch's LinearLR) */
+    DTR_SCHED_EXPONENTIAL = 4, /**< lr * gamma^t (torch's ExponentialLR) */
+    DTR_SCHED_POLY = 5,    /**< min_lr + (lr - min_lr) * (1 - t / total_steps)^gamma, then min_lr:
+                                gamma is the power (torch's PolynomialLR with min_lr 0; Hugging
+                                Face's polynomial decay with lr_end min_lr) */
+    DTR_SCHED_INV_SQRT = 6 /**< lr / sqrt((t + s) / s) with timescale s = step_size, or warmup_steps
+                                when step_size is 0, or 10000 when both are 0 (the Transformer's
+                                and Hugging Face's inverse square root: lr when warm-up ends) */
 } dtr_schedule_kind;
 
-/** A learning-rate schedule with optional linear warm-up (from 0 over warmup_steps). */
+/** A learning-rate schedule with optional linear warm-up: (step + 1) / warmup_steps * lr at
+ *  steps 0 .. warmup_steps - 1 (torch's LinearLR from 1 / warmup_steps), then the kind's
+ *  curve of t = step - warmup_steps. Checked at dtr_optimizer_create. */
 typedef struct dtr_schedule {
     dtr_schedule_kind kind;
     float lr;
-    float min_lr;
+    float min_lr;          /**< where cosine, linear and polynomial decay end (>= 0) */
     int64_t warmup_steps;
-    int64_t total_steps;   /**< cosine length (after warm-up) */
-    int64_t step_size;     /**< step schedule period */
-    float gamma;           /**< step schedule factor */
+    int64_t total_steps;   /**< length of the cosine, linear and polynomial decay (after warm-up; > 0) */
+    int64_t step_size;     /**< step schedule period (> 0); inverse square root's timescale (0: see it) */
+    float gamma;           /**< step and exponential schedules' factor (> 0); polynomial decay's power
+                                (> 0; 1: linear) */
 } dtr_schedule;
 
 /** Learning rate at optimizer step `step` (0-based). Pure function.
@@ -1568,6 +1580,12 @@ typedef enum dtr_nonfinite_policy {
                                    parameters take the NaN) */
     DTR_NONFINITE_OFF = 3     /**< no check (and no extra pass when clip_norm is 0) */
 } dtr_nonfinite_policy;
+
+/** One learning-rate group of dtr_optimizer_config.lr_groups. */
+typedef struct dtr_lr_group {
+    const char *match;   /**< a name prefix, '*' matching any run of characters (as in dtr_model_set_trainable) */
+    float scale;         /**< >= 0: the group's learning rate is scale times the schedule's */
+} dtr_lr_group;
 
 typedef struct dtr_optimizer_config {
     dtr_optimizer_kind kind;
@@ -1610,11 +1628,18 @@ typedef struct dtr_optimizer_config {
     /** Parameters without weight decay (PyTorch's param groups with weight_decay 0): with
      *  decay_matrices_only, every parameter of fewer than 2 dimensions (biases, norms' scales:
      *  nanoGPT's and llm.c's rule); and those matching one of the n_no_decay `no_decay` name
-     *  prefixes ('*' as in dtr_model_set_trainable), read at dtr_optimizer_create. LAMB over a
-     *  ZeRO shard with shard_sum refuses them (DTR_UNSUPPORTED at the step). */
+     *  prefixes ('*' as in dtr_model_set_trainable), read at dtr_optimizer_create. */
     int decay_matrices_only;
     const char *const *no_decay;
     int n_no_decay;
+    /** Learning rates by name (PyTorch's param groups with their own lr: layer-wise decay, a
+     *  new head trained faster than the body, LoRA+'s faster B matrices): a parameter takes
+     *  the scale of the first of the n_lr_groups `lr_groups` whose `match` names it, 1 when none
+     *  does, and its updates use scale times the schedule's rate (as torch's LambdaLR scales
+     *  every group's lr alike; dtr_optimizer_lr reports the schedule's). Read at
+     *  dtr_optimizer_create (the array may go afterwards); saved state does not hold them. */
+    const dtr_lr_group *lr_groups;
+    int n_lr_groups;
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
@@ -4870,7 +4895,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4874 "dtrain.h"
+#line 4899 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5806,7 +5831,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5810 "dtrain.h"
+#line 5835 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6304,7 +6329,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6308 "dtrain.h"
+#line 6333 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6366,7 +6391,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6370 "dtrain.h"
+#line 6395 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6746,7 +6771,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6750 "dtrain.h"
+#line 6775 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6789,7 +6814,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6793 "dtrain.h"
+#line 6818 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6826,7 +6851,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6830 "dtrain.h"
+#line 6855 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6885,7 +6910,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6889 "dtrain.h"
+#line 6914 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6959,7 +6984,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6963 "dtrain.h"
+#line 6988 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7027,7 +7052,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7031 "dtrain.h"
+#line 7056 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7102,7 +7127,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7106 "dtrain.h"
+#line 7131 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7454,7 +7479,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7458 "dtrain.h"
+#line 7483 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8417,7 +8442,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8421 "dtrain.h"
+#line 8446 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9092,7 +9117,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9096 "dtrain.h"
+#line 9121 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9183,7 +9208,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9187 "dtrain.h"
+#line 9212 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9665,7 +9690,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9669 "dtrain.h"
+#line 9694 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9920,7 +9945,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9924 "dtrain.h"
+#line 9949 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10153,7 +10178,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10157 "dtrain.h"
+#line 10182 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10272,7 +10297,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10276 "dtrain.h"
+#line 10301 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10328,7 +10353,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10332 "dtrain.h"
+#line 10357 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10726,7 +10751,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10730 "dtrain.h"
+#line 10755 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10991,7 +11016,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10995 "dtrain.h"
+#line 11020 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11555,7 +11580,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11559 "dtrain.h"
+#line 11584 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11737,7 +11762,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11741 "dtrain.h"
+#line 11766 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13367,7 +13392,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13371 "dtrain.h"
+#line 13396 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14274,7 +14299,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14278 "dtrain.h"
+#line 14303 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14536,7 +14561,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14540 "dtrain.h"
+#line 14565 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14937,7 +14962,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14941 "dtrain.h"
+#line 14966 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15071,7 +15096,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15075 "dtrain.h"
+#line 15100 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15946,7 +15971,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15950 "dtrain.h"
+#line 15975 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16412,7 +16437,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16416 "dtrain.h"
+#line 16441 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16688,7 +16713,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16692 "dtrain.h"
+#line 16717 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16925,7 +16950,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16929 "dtrain.h"
+#line 16954 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17218,7 +17243,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17222 "dtrain.h"
+#line 17247 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17241,12 +17266,12 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
 #endif
 
 /* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
-   buffers (parameters alike in weight decay and in the update their state started at), its
+   buffers (parameters alike in weight decay, in learning rate and in the update their state started at), its
    state from float at[r] on; frozen parameters (dtr_model_set_trainable) have none. Without
    frozen parameters and decay exceptions, one run: the optimizer's whole range. */
 typedef struct dtr__state_map {
     int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
-    int *first;               /* the run's first parameter (its decay flag and start stand for the run's) */
+    int *first;               /* the run's first parameter (its decay flag, rate and start stand for the run's) */
     int n;
     int64_t floats;           /* the runs' total: the length of each state buffer */
     unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
@@ -17258,6 +17283,7 @@ struct dtr_optimizer {
     float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
+    float *lr_scales;         /* per parameter, its learning rate's multiplier (cfg's lr_groups read at create) */
     int64_t *started;         /* per parameter, the update count when its state started (-1: frozen,
                                  none): its bias correction and first step count from there, as
                                  torch.optim counts a step per parameter */
@@ -17280,23 +17306,43 @@ struct dtr_optimizer {
 
 /* ---- schedules ---- */
 
+/* the fraction of the way through a decay of `total` steps at t (1 past its end) */
+static double dtr__sched_frac(double t, int64_t total) { return total <= 0 || t >= (double)total ? 1.0 : t / (double)total; }
+
 float dtr_schedule_lr(const dtr_schedule *s, int64_t step) {
-    double lr, t;
+    double lr = s ? s->lr : 0.0, mn = s ? s->min_lr : 0.0, t, f, ts;
     if (!s) return 0.0f;
     if (step < 0) step = 0;
-    if (s->warmup_steps > 0 && step < s->warmup_steps) return (float)(s->lr * (double)(step + 1) / (double)s->warmup_steps);
+    if (s->warmup_steps > 0 && step < s->warmup_steps) return (float)(lr * (double)(step + 1) / (double)s->warmup_steps);
     t = (double)(step - (s->warmup_steps > 0 ? s->warmup_steps : 0));
+    f = dtr__sched_frac(t, s->total_steps);
     switch (s->kind) {
-    case DTR_SCHED_STEP:
-        lr = s->lr * pow(s->gamma, floor(t / (double)(s->step_size > 0 ? s->step_size : 1)));
-        break;
+    case DTR_SCHED_STEP: return (float)(lr * pow(s->gamma, floor(t / (double)(s->step_size > 0 ? s->step_size : 1))));
     case DTR_SCHED_COSINE:
-        if (s->total_steps <= 0 || t >= (double)s->total_steps) lr = s->min_lr;
-        else lr = s->min_lr + 0.5 * (s->lr - s->min_lr) * (1.0 + cos(3.14159265358979323846 * t / (double)s->total_steps));
-        break;
-    default: lr = s->lr; break;
+        return (float)(f >= 1.0 ? mn : mn + 0.5 * (lr - mn) * (1.0 + cos(3.14159265358979323846 * t / (double)s->total_steps)));
+    case DTR_SCHED_LINEAR: return (float)(lr + (mn - lr) * f);
+    case DTR_SCHED_EXPONENTIAL: return (float)(lr * pow(s->gamma, t));
+    case DTR_SCHED_POLY: return (float)(mn + (lr - mn) * pow(1.0 - f, s->gamma));
+    case DTR_SCHED_INV_SQRT:
+        ts = (double)(s->step_size > 0 ? s->step_size : s->warmup_steps > 0 ? s->warmup_steps : 10000);
+        return (float)(lr / sqrt((t + ts) / ts));
+    default: return (float)lr;
     }
-    return (float)lr;
+}
+
+/* NULL when s is a schedule dtr_schedule_lr can follow, else what is wrong with it (its lr
+   aside: dtr_optimizer_create checks it, dtr_optimizer_set_lr replaces it) */
+static const char *dtr__schedule_bad(const dtr_schedule *s) {
+    int decays = s->kind == DTR_SCHED_COSINE || s->kind == DTR_SCHED_LINEAR || s->kind == DTR_SCHED_POLY;
+    if ((int)s->kind < 0 || s->kind > DTR_SCHED_INV_SQRT) return "unknown kind";
+    if (s->warmup_steps < 0 || s->step_size < 0) return "warmup_steps and step_size must be >= 0";
+    if (decays && (s->total_steps <= 0 || !(s->min_lr >= 0.0f) || !isfinite(s->min_lr)))
+        return "a decay (cosine, linear, polynomial) needs total_steps > 0 and a finite min_lr >= 0";
+    if ((s->kind == DTR_SCHED_STEP || s->kind == DTR_SCHED_EXPONENTIAL || s->kind == DTR_SCHED_POLY) &&
+        !(s->gamma > 0.0f && isfinite(s->gamma)))
+        return "gamma (the step and exponential factor, the polynomial power) must be > 0";
+    if (s->kind == DTR_SCHED_STEP && s->step_size <= 0) return "the step schedule needs step_size > 0";
+    return NULL;
 }
 
 /* ---- configuration ---- */
@@ -17375,12 +17421,13 @@ static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int 
     return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
 }
 
-/* Parameters i and j share a run of state: both trainable, alike in decay and start. */
+/* Parameters i and j share a run of state: both trainable, alike in decay, learning rate and start. */
 static int dtr__same_run(const dtr_optimizer *o, int i, int j) {
-    return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i];
+    return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i] &&
+           o->lr_scales[j] == o->lr_scales[i];
 }
 
-/* map's runs: consecutive trainable parameters alike in decay and start (from the first one's
+/* map's runs: consecutive trainable parameters alike in decay, learning rate and start (from the first one's
    offset to the next parameter's: the padding between them included), inside [base, base + len) */
 static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
     int64_t lo = o->base, hi = o->base + o->len;
@@ -17479,21 +17526,50 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     return DTR_OK;
 }
 
-/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go;
-   without weight decay every flag is 1, so the exceptions split no run), o->started empty */
+/* Parameter i's learning-rate multiplier: the first lr group naming it, else 1. */
+static float dtr__lr_scale(const dtr_model *m, const dtr_optimizer_config *cfg, int i) {
+    const char *name = dtr_tensor_name(dtr_model_param_at(m, i));
+    int k;
+    for (k = 0; k < cfg->n_lr_groups; k++)
+        if (dtr__name_matches(name, &cfg->lr_groups[k].match, 1)) return cfg->lr_groups[k].scale;
+    return 1.0f;
+}
+
+/* o->decays and o->lr_scales from the config (whose no_decay patterns and lr groups are not
+   kept: the app's arrays may go; without weight decay every flag is 1, so the exceptions split
+   no run), o->started empty */
 static dtr_result dtr__param_flags(dtr_optimizer *o) {
     dtr_context *ctx = dtr_model_context(o->model);
     int np = dtr_model_param_count(o->model), i;
     o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
     o->started = (int64_t *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(int64_t));
-    if (!o->decays || !o->started) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->lr_scales = (float *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(float));
+    if (!o->decays || !o->started || !o->lr_scales) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->started[np] = -1;
     for (i = 0; i < np; i++) {
         o->started[i] = -1;
         o->decays[i] = (unsigned char)(o->cfg.weight_decay == 0.0f || dtr__decays(o->model, &o->cfg, i));
         o->some_no_decay |= !o->decays[i];
+        o->lr_scales[i] = dtr__lr_scale(o->model, &o->cfg, i);
     }
     o->cfg.no_decay = NULL, o->cfg.n_no_decay = 0;
+    o->cfg.lr_groups = NULL, o->cfg.n_lr_groups = 0;
+    return DTR_OK;
+}
+
+/* cfg's schedule and learning-rate groups can be followed */
+static dtr_result dtr__check_groups(dtr_context *ctx, const dtr_optimizer_config *cfg) {
+    const char *bad = dtr__schedule_bad(&cfg->schedule);
+    int k;
+    if (bad) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: schedule (kind %d): %s", (int)cfg->schedule.kind, bad);
+    if (cfg->n_lr_groups < 0 || (cfg->n_lr_groups > 0 && !cfg->lr_groups))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: %d lr_groups at %p", cfg->n_lr_groups,
+                         (const void *)cfg->lr_groups);
+    for (k = 0; k < cfg->n_lr_groups; k++)
+        if (!cfg->lr_groups[k].match || !(cfg->lr_groups[k].scale >= 0.0f) || !isfinite(cfg->lr_groups[k].scale))
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: lr group %d needs a name pattern and a "
+                             "finite scale >= 0 (has %s, %g)", k, cfg->lr_groups[k].match ? "one" : "NULL",
+                             (double)cfg->lr_groups[k].scale);
     return DTR_OK;
 }
 
@@ -17515,6 +17591,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
     if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
+    if ((r = dtr__check_groups(ctx, cfg)) != DTR_OK) return r;
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
     if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
@@ -17565,6 +17642,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->run_seg);
     dtr__free(&ctx->alloc, o->decays);
     dtr__free(&ctx->alloc, o->started);
+    dtr__free(&ctx->alloc, o->lr_scales);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -17705,35 +17783,6 @@ static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end)
     return DTR_OK;
 }
 
-/* LAMB over a shard whose ends may split parameters (shard_sum given; host memory): the
- * kernel with lr 0 updates the moments and writes each update direction to work without
- * moving the parameters; each parameter's norms (of p and of its direction) are summed over
- * the shards; then p -= lr * trust * work, as the kernel's last loop. */
-static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
-    dtr_context *ctx = dtr_model_context(o->model);
-    int np = dtr_model_param_count(o->model), s;
-    double *v = (double *)dtr__calloc(&ctx->alloc, (size_t)(2 * np + 1) * sizeof(double));
-    float lr = a->lr;
-    dtr_result r;
-    int64_t i;
-    if (!v) return DTR_OUT_OF_MEMORY;
-    a->lr = 0.0f;
-    r = ctx->backend->optimizer_update(ctx, a);
-    for (s = 0; s < o->nseg && r == DTR_OK; s++)
-        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) {
-            v[2 * o->seg_param[s]] += (double)a->param[i] * a->param[i];
-            v[2 * o->seg_param[s] + 1] += (double)a->work[i] * a->work[i];
-        }
-    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
-    for (s = 0; s < o->nseg && r == DTR_OK; s++) {
-        double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
-        float trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
-        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) a->param[i] -= lr * trust * a->work[i];
-    }
-    dtr__free(&ctx->alloc, v);
-    return r;
-}
-
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
@@ -17773,6 +17822,11 @@ static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int64_t star
     a->step = o->steps - started + 1;
 }
 
+/* parameter i's learning rate for the next update: its group's scale times the schedule's */
+static float dtr__param_lr(const dtr_optimizer *o, int i) {
+    return (float)((double)dtr_schedule_lr(&o->cfg.schedule, o->steps) * o->lr_scales[i]);
+}
+
 /* a's buffers for run r of the state map: the run's parameters, gradients and state */
 static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     int64_t lo = o->map.lo[r], at = o->map.at[r];
@@ -17782,6 +17836,7 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
     a->weight_decay = o->decays[o->map.first[r]] ? o->cfg.weight_decay : 0.0f;
+    a->lr = dtr__param_lr(o, o->map.first[r]);
     dtr__run_step(o, a, o->started[o->map.first[r]]);
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
@@ -17790,12 +17845,37 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     }
 }
 
-/* every parameter's state started at the same update (the same answer on every rank) */
-static int dtr__started_together(const dtr_optimizer *o) {
-    int i;
-    for (i = 1; i < dtr_model_param_count(o->model); i++)
-        if (o->started[i] != o->started[0]) return 0;
-    return 1;
+/* LAMB over a shard whose ends may split parameters (shard_sum given; host memory): the
+ * kernel with lr 0 updates each run's moments and writes its update directions to work
+ * without moving the parameters; each parameter's norms (of p and of its direction) are
+ * summed over the shards in one call; then p -= lr * trust * work, as the kernel's last loop. */
+static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int np = dtr_model_param_count(o->model), s, k;
+    double *v = (double *)dtr__calloc(&ctx->alloc, (size_t)(2 * np + 1) * sizeof(double));
+    dtr_result r = v ? DTR_OK : DTR_OUT_OF_MEMORY;
+    int64_t i;
+    for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        dtr__run_args(o, a, k);
+        a->lr = 0.0f, a->begin = 0, a->n = o->map.hi[k] - o->map.lo[k];
+        r = ctx->backend->optimizer_update(ctx, a);
+        for (s = o->run_seg[k]; s < o->run_seg[k + 1] && r == DTR_OK; s++)
+            for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) {
+                v[2 * o->seg_param[s]] += (double)a->param[i] * a->param[i];
+                v[2 * o->seg_param[s] + 1] += (double)a->work[i] * a->work[i];
+            }
+    }
+    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
+    for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        dtr__run_args(o, a, k);
+        for (s = o->run_seg[k]; s < o->run_seg[k + 1]; s++) {
+            double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
+            float lr = a->lr * (pn > 0.0 && un > 0.0 ? (float)(sqrt(pn) / sqrt(un)) : 1.0f);
+            for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) a->param[i] -= lr * a->work[i];
+        }
+    }
+    dtr__free(&ctx->alloc, v);
+    return r;
 }
 
 /* The update over [begin, end), one call a run of trainable parameters: frozen ones
@@ -17804,12 +17884,7 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     dtr_context *ctx = dtr_model_context(o->model);
     int k;
     dtr_result r = DTR_OK;
-    if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
-        if (dtr__model_frozen(o->model) || o->some_no_decay || !dtr__started_together(o))
-            return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
-                             "(dtr_model_set_trainable), parameters without weight decay, or parameters unfrozen "
-                             "after others' first update is not supported; use Adam or AdamW");
-        dtr__run_step(o, a, o->started[0]);
+    if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over every run */
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
@@ -17979,6 +18054,9 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
         return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE,
                          "dtr_optimizer_state_loaded: steps %lld / micro %d do not fit this optimizer", (long long)o->steps,
                          o->micro);
+    if (dtr__schedule_bad(&o->cfg.schedule))
+        return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: the saved schedule "
+                         "(kind %d): %s", (int)o->cfg.schedule.kind, dtr__schedule_bad(&o->cfg.schedule));
     if ((r = dtr__layout(o)) != DTR_OK || (r = dtr__check_started(o)) != DTR_OK) return r;
     dtr__map_fill(o, &o->map);   /* the runs split where the starts differ; the state stays where it is */
     if (o->run_seg) dtr__lamb_segments(o);
@@ -17995,7 +18073,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 17999 "dtrain.h"
+#line 18077 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18133,7 +18211,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18137 "dtrain.h"
+#line 18215 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18480,7 +18558,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18484 "dtrain.h"
+#line 18562 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18546,7 +18624,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18550 "dtrain.h"
+#line 18628 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18783,7 +18861,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18787 "dtrain.h"
+#line 18865 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19532,7 +19610,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19536 "dtrain.h"
+#line 19614 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -19985,7 +20063,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 19989 "dtrain.h"
+#line 20067 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20041,7 +20119,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20045 "dtrain.h"
+#line 20123 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20883,7 +20961,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20887 "dtrain.h"
+#line 20965 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21464,7 +21542,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21468 "dtrain.h"
+#line 21546 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22095,7 +22173,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22099 "dtrain.h"
+#line 22177 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22891,7 +22969,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22895 "dtrain.h"
+#line 22973 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23244,7 +23322,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23248 "dtrain.h"
+#line 23326 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23434,7 +23512,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23438 "dtrain.h"
+#line 23516 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23615,7 +23693,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23619 "dtrain.h"
+#line 23697 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24390,7 +24468,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24394 "dtrain.h"
+#line 24472 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24907,7 +24985,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24911 "dtrain.h"
+#line 24989 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25702,7 +25780,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25706 "dtrain.h"
+#line 25784 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -26950,7 +27028,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 26954 "dtrain.h"
+#line 27032 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27572,7 +27650,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27576 "dtrain.h"
+#line 27654 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28073,7 +28151,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28077 "dtrain.h"
+#line 28155 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28803,7 +28881,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28807 "dtrain.h"
+#line 28885 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29039,7 +29117,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29043 "dtrain.h"
+#line 29121 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29168,7 +29246,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29172 "dtrain.h"
+#line 29250 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29618,7 +29696,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29622 "dtrain.h"
+#line 29700 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30111,7 +30189,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30115 "dtrain.h"
+#line 30193 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30702,7 +30780,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30706 "dtrain.h"
+#line 30784 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31208,7 +31286,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31212 "dtrain.h"
+#line 31290 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32760,7 +32838,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32764 "dtrain.h"
+#line 32842 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32814,7 +32892,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32818 "dtrain.h"
+#line 32896 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34011,7 +34089,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34015 "dtrain.h"
+#line 34093 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34914,7 +34992,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34918 "dtrain.h"
+#line 34996 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36392,7 +36470,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36396 "dtrain.h"
+#line 36474 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36785,7 +36863,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36789 "dtrain.h"
+#line 36867 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -36934,7 +37012,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 36938 "dtrain.h"
+#line 37016 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

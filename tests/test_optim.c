@@ -112,8 +112,13 @@ static void fx_read(fx *f, float *p0, float *p1) {
     CHECK_OK(f->ctx, dtr_tensor_read(f->p1, DTR_F32, p1, OPTF_N1));
 }
 
-static dtr_optimizer_config case_config(const optf_case *c) {
+/* The case's configuration; its lr group (p1's, when it has one) lives in `group`. */
+static dtr_optimizer_config case_config(const optf_case *c, dtr_lr_group *group) {
     dtr_optimizer_config cfg = dtr_optimizer_config_init(c->kind, c->lr);
+    group->match = "p1";
+    group->scale = c->lr1;
+    cfg.lr_groups = group;
+    cfg.n_lr_groups = c->lr1 != 1.0f;
     cfg.momentum = c->momentum;
     cfg.dampening = c->dampening;
     cfg.nesterov = c->nesterov;
@@ -134,7 +139,8 @@ static dtr_optimizer_config case_config(const optf_case *c) {
 
 static void run_case(const optf_case *c) {
     fx f;
-    dtr_optimizer_config cfg = case_config(c);
+    dtr_lr_group group;
+    dtr_optimizer_config cfg = case_config(c, &group);
     dtr_optimizer *opt = NULL;
     float p0[OPTF_N0], p1[OPTF_N1];
     char what[128];
@@ -214,6 +220,7 @@ static void copy_state(dtr_optimizer *from, dtr_optimizer *to) {
 static void test_thaw_state(void) {
     const optf_case *c = find_case("adamw_thaw");
     dtr_optimizer_config cfg;
+    dtr_lr_group group;
     dtr_optimizer *o1 = NULL, *o2 = NULL;
     dtr_state_entry e;
     float p0[OPTF_N0], p1[OPTF_N1];
@@ -221,7 +228,7 @@ static void test_thaw_state(void) {
     int s, i;
     CHECK(c != NULL);
     if (!c) return;
-    cfg = case_config(c);
+    cfg = case_config(c, &group);
     fx_open(&a), fx_open(&b);
     fx_thaw(&a, c, 0);
     CHECK_OK(a.ctx, dtr_optimizer_create(a.m, &cfg, &o1));
@@ -331,6 +338,7 @@ static void test_accumulation_with_clip(void) {
     const optf_case *c = NULL;
     fx f;
     dtr_optimizer_config cfg;
+    dtr_lr_group group;
     dtr_optimizer *opt = NULL;
     float p0[OPTF_N0], p1[OPTF_N1];
     int i, s, k, updated;
@@ -338,7 +346,7 @@ static void test_accumulation_with_clip(void) {
         if (!strcmp(optf_cases[i].name, "sgd_momentum_clip")) c = &optf_cases[i];
     CHECK(c != NULL);
     if (!c) return;
-    cfg = case_config(c);
+    cfg = case_config(c, &group);
     cfg.grad_accum_steps = 2;
     fx_open(&f);
     CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
@@ -410,13 +418,13 @@ static void test_schedules(void) {
         sc.gamma = c->gamma;
         for (s = 0; s < c->n; s++) {
             float lr = dtr_schedule_lr(&sc, s);
-            double e = fabs((double)lr - c->lr_at[s]) / fabs((double)c->lr_at[s]); /* every rate here is > 0 */
+            double e = fabs((double)lr - c->lr_at[s]) / fmax(fabs((double)c->lr_at[s]), 1e-3 * c->lr); /* 0 at a decay's end */
             g_max_err_sched = fmax(g_max_err_sched, e);
             CHECK_MSG(e <= 1e-6, "schedule %s step %d: %.9g, torch %.9g", c->name, s, lr, c->lr_at[s]);
         }
-        /* a negative step counts as step 0; past the end a cosine stays at min_lr */
+        /* a negative step counts as step 0; past the end a decay stays at min_lr */
         CHECK(dtr_schedule_lr(&sc, -3) == dtr_schedule_lr(&sc, 0));
-        if (c->kind == DTR_SCHED_COSINE)
+        if (c->kind == DTR_SCHED_COSINE || c->kind == DTR_SCHED_LINEAR || c->kind == DTR_SCHED_POLY)
             CHECK_NEAR(dtr_schedule_lr(&sc, c->warmup_steps + c->total_steps + 100), c->min_lr, 1e-9);
     }
     CHECK(dtr_schedule_lr(NULL, 3) == 0.0f);
@@ -613,6 +621,33 @@ static void test_invalid_configs(void) {
     c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.1f);
     c.kind = (dtr_optimizer_kind)17;
     expect_invalid(&f, &c, "unknown kind");
+    {   /* schedules dtr_schedule_lr cannot follow, and lr groups without a pattern or scale */
+        static const struct { dtr_schedule_kind kind; float min_lr, gamma; int64_t total, step_size; const char *what; } bad[] = {
+            {(dtr_schedule_kind)9, 0.0f, 0.5f, 10, 1, "unknown schedule kind"},
+            {DTR_SCHED_COSINE, 0.0f, 0.5f, 0, 1, "cosine without total_steps"},
+            {DTR_SCHED_LINEAR, -0.2f, 0.5f, 10, 1, "linear to a negative min_lr"},
+            {DTR_SCHED_POLY, 0.0f, 0.0f, 10, 1, "polynomial power 0"},
+            {DTR_SCHED_EXPONENTIAL, 0.0f, -1.0f, 10, 1, "negative exponential factor"},
+            {DTR_SCHED_STEP, 0.0f, 0.5f, 10, 0, "step schedule without step_size"},
+            {DTR_SCHED_INV_SQRT, 0.0f, 0.5f, 10, -4, "negative timescale"}};
+        dtr_lr_group g[2] = {{"p0", 2.0f}, {NULL, 1.0f}};
+        size_t k;
+        for (k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+            c.schedule.kind = bad[k].kind, c.schedule.min_lr = bad[k].min_lr, c.schedule.gamma = bad[k].gamma;
+            c.schedule.total_steps = bad[k].total, c.schedule.step_size = bad[k].step_size;
+            expect_invalid(&f, &c, bad[k].what);
+        }
+        c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+        c.lr_groups = g, c.n_lr_groups = 2;
+        expect_invalid(&f, &c, "lr group without a pattern");
+        g[1].match = "p1", g[1].scale = -1.0f;
+        expect_invalid(&f, &c, "negative lr group scale");
+        g[1].scale = INFINITY;
+        expect_invalid(&f, &c, "infinite lr group scale");
+        c.lr_groups = NULL;
+        expect_invalid(&f, &c, "lr groups without an array");
+    }
     /* a valid one still works after all that */
     {
         dtr_optimizer *opt = NULL;

@@ -1,7 +1,8 @@
 /* tests/test_zero.c: ZeRO-1 and ZeRO-2 (a sharded optimizer) and ZeRO-3 (sharded parameters)
  * in the data-parallel engine, thread ranks.
  *   test_zero_equals_dp  worlds 2, 3, 4 x SGD (momentum), AdamW, LAMB, each with clipping by
- *                        global norm and 2 micro-batches of accumulation (no_sync): 12 steps
+ *                        global norm, 2 micro-batches of accumulation (no_sync) and learning
+ *                        rates per parameter (lr_groups): 12 steps
  *                        of ZeRO-1, ZeRO-2 and ZeRO-3 give every rank the weights of plain data
  *                        parallelism (relative error <= 1e-6: both sum their shard in rank
  *                        order, not in the all-reduce's order, and clip by the norm summed
@@ -13,6 +14,9 @@
  *                        on every rank (the check sums the shards' norms over the group) and
  *                        end with plain DP's weights, with one sum over the group a step
  *                        (the optimizer clips by the scaler's norm)
+ *   test_zero_lamb_mixed LAMB over shards splitting parameters with biases out of weight decay
+ *                        and l1.weight frozen for 4 steps (then counting its own): ZeRO-1, 2
+ *                        and 3 at worlds 2 and 3 give plain DP's weights
  *   test_zero3_units     ZeRO-3 with a unit per parameter and one unit kept: refetches in
  *                        backward, prefetches, plain DP's weights, less than the model held
  *   test_zero3_memory    2 ranks of 2 x 16 MiB parameters: ZeRO-3 gives the other shard's
@@ -59,7 +63,10 @@ typedef struct zrun {
     int units;              /* zero3_units */
     int keep_grads;         /* zero3_keep_grads */
     int release;            /* zero2_release_grads */
+    int mixed;              /* biases without weight decay, l1.weight frozen before step THAW (test_zero_lamb_mixed) */
 } zrun;
+
+#define THAW 4
 
 typedef struct zrank {
     pthread_t tid;
@@ -115,6 +122,8 @@ static dtr_result zgather(zrank *z, mlp *n, dtr_dp *dp) {
 }
 
 static dtr_result ztrain(zrank *z, dtr_comm *c) {
+    static const dtr_lr_group groups[2] = {{"l1.bias", 2.0f}, {"l2.*", 0.5f}};
+    static const char *bias = "*bias", *l1w = "l1.weight";
     dtr_optimizer_config oc = dtr_optimizer_config_init(z->run->kind, z->run->kind == DTR_OPT_SGD ? 0.05f : 0.01f);
     dtr_dp_config dc = dtr_dp_config_init();
     dtr_loss_scaler_config lc = dtr_loss_scaler_config_init();
@@ -131,6 +140,8 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     oc.momentum = z->run->kind == DTR_OPT_SGD ? 0.9f : 0.0f;
     oc.clip_norm = 0.5f;
     oc.grad_accum_steps = ACCUM;
+    oc.lr_groups = groups, oc.n_lr_groups = 2;
+    if (z->run->mixed) oc.no_decay = &bias, oc.n_no_decay = 1, oc.weight_decay = 0.01f;   /* per-parameter rates: ZeRO's shards (LAMB's split parameters too) keep them */
     dc.bucket_bytes = z->run->bucket ? z->run->bucket : 512;
     dc.zero3_units = z->run->units;
     dc.zero3_keep_grads = z->run->keep_grads;
@@ -147,7 +158,10 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     if (r == DTR_OK) r = dtr_optimizer_create(n.m, &oc, &n.opt);
     if (r == DTR_OK && z->run->grads_only) r = mlp_backward(&n, 0, (int64_t)z->rank * B, B);
     if (r == DTR_OK && z->run->grads_only) r = dtr_dp_finish(dp);
-    for (t = 0; t < STEPS && r == DTR_OK && !z->run->grads_only; t++) r = zstep(&n, dp, t, z->rank, ls);
+    for (t = 0; t < STEPS && r == DTR_OK && !z->run->grads_only; t++) {
+        if (z->run->mixed && t <= THAW) r = dtr_model_set_trainable(n.m, &l1w, 1, t == THAW);
+        if (r == DTR_OK) r = zstep(&n, dp, t, z->rank, ls);
+    }
     dtr_dp_get_stats(dp, &z->stats);   /* (ZeRO-3: the training's, before the gather below) */
     if (r == DTR_OK && z->run->zero == 3) r = zgather(z, &n, dp);
     if (r != DTR_OK) snprintf(z->msg, sizeof z->msg, "%s | %s", dtr_context_last_error(n.ctx), dtr_comm_last_error(c));
@@ -232,6 +246,29 @@ static void test_zero_equals_dp(void) {
             if (kinds[k] == DTR_OPT_LAMB) zcompare(world, kinds[k], 2, 1, plain);   /* shards of whole parameters */
             if (kinds[k] == DTR_OPT_LAMB) zcompare(world, kinds[k], 3, 1, plain);
         }
+}
+
+/* LAMB over shards that split parameters, with mixed runs: biases without weight decay, rates
+   per parameter, l1.weight frozen for THAW steps and then trained from its own first step:
+   ZeRO-1, 2 and 3 give plain DP's weights (before, sharded LAMB refused all but one run) */
+static void test_zero_lamb_mixed(void) {
+    static zrank plain[3], z[3];
+    zrun a;
+    int world, zero, r;
+    for (world = 2; world <= 3; world++) {
+        memset(&a, 0, sizeof a);
+        a.world = world, a.kind = DTR_OPT_LAMB, a.mixed = 1;
+        zrun_world(&a, plain);
+        for (zero = 1; zero <= 3; zero++) {
+            a.zero = zero;
+            zrun_world(&a, z);
+            for (r = 0; r < world; r++) {
+                double e = rel_err(z[r].params, plain[0].params, plain[0].numel);
+                CHECK_MSG(plain[r].ok && z[r].ok, "world %d ZeRO-%d rank %d: %s %s", world, zero, r, plain[r].msg, z[r].msg);
+                CHECK_MSG(e <= 1e-6, "world %d ZeRO-%d rank %d: relative error %g against plain DP", world, zero, r, e);
+            }
+        }
+    }
 }
 
 /* ZeRO-3 with a unit per parameter (16-float buckets) and one unit kept besides the running
@@ -655,6 +692,7 @@ static void test_zero_errors(void) {
 
 int main(void) {
     RUN(test_zero_equals_dp);
+    RUN(test_zero_lamb_mixed);
     RUN(test_zero3_units);
     RUN(test_zero3_memory);
     RUN(test_zero2_release);

@@ -17,12 +17,12 @@
 #endif
 
 /* Where the state of the trainable floats lives: run r is [lo[r], hi[r]) of the model's
-   buffers (parameters alike in weight decay and in the update their state started at), its
+   buffers (parameters alike in weight decay, in learning rate and in the update their state started at), its
    state from float at[r] on; frozen parameters (dtr_model_set_trainable) have none. Without
    frozen parameters and decay exceptions, one run: the optimizer's whole range. */
 typedef struct dtr__state_map {
     int64_t *lo, *hi, *at;    /* room for one run more than the model has parameters */
-    int *first;               /* the run's first parameter (its decay flag and start stand for the run's) */
+    int *first;               /* the run's first parameter (its decay flag, rate and start stand for the run's) */
     int n;
     int64_t floats;           /* the runs' total: the length of each state buffer */
     unsigned gen;             /* the model's trainable set it was made for (dtr__model_trainable_gen) */
@@ -34,6 +34,7 @@ struct dtr_optimizer {
     float *m, *v, *work;      /* backend memory, map.floats each (NULL when unused) */
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
+    float *lr_scales;         /* per parameter, its learning rate's multiplier (cfg's lr_groups read at create) */
     int64_t *started;         /* per parameter, the update count when its state started (-1: frozen,
                                  none): its bias correction and first step count from there, as
                                  torch.optim counts a step per parameter */
@@ -56,23 +57,43 @@ struct dtr_optimizer {
 
 /* ---- schedules ---- */
 
+/* the fraction of the way through a decay of `total` steps at t (1 past its end) */
+static double dtr__sched_frac(double t, int64_t total) { return total <= 0 || t >= (double)total ? 1.0 : t / (double)total; }
+
 float dtr_schedule_lr(const dtr_schedule *s, int64_t step) {
-    double lr, t;
+    double lr = s ? s->lr : 0.0, mn = s ? s->min_lr : 0.0, t, f, ts;
     if (!s) return 0.0f;
     if (step < 0) step = 0;
-    if (s->warmup_steps > 0 && step < s->warmup_steps) return (float)(s->lr * (double)(step + 1) / (double)s->warmup_steps);
+    if (s->warmup_steps > 0 && step < s->warmup_steps) return (float)(lr * (double)(step + 1) / (double)s->warmup_steps);
     t = (double)(step - (s->warmup_steps > 0 ? s->warmup_steps : 0));
+    f = dtr__sched_frac(t, s->total_steps);
     switch (s->kind) {
-    case DTR_SCHED_STEP:
-        lr = s->lr * pow(s->gamma, floor(t / (double)(s->step_size > 0 ? s->step_size : 1)));
-        break;
+    case DTR_SCHED_STEP: return (float)(lr * pow(s->gamma, floor(t / (double)(s->step_size > 0 ? s->step_size : 1))));
     case DTR_SCHED_COSINE:
-        if (s->total_steps <= 0 || t >= (double)s->total_steps) lr = s->min_lr;
-        else lr = s->min_lr + 0.5 * (s->lr - s->min_lr) * (1.0 + cos(3.14159265358979323846 * t / (double)s->total_steps));
-        break;
-    default: lr = s->lr; break;
+        return (float)(f >= 1.0 ? mn : mn + 0.5 * (lr - mn) * (1.0 + cos(3.14159265358979323846 * t / (double)s->total_steps)));
+    case DTR_SCHED_LINEAR: return (float)(lr + (mn - lr) * f);
+    case DTR_SCHED_EXPONENTIAL: return (float)(lr * pow(s->gamma, t));
+    case DTR_SCHED_POLY: return (float)(mn + (lr - mn) * pow(1.0 - f, s->gamma));
+    case DTR_SCHED_INV_SQRT:
+        ts = (double)(s->step_size > 0 ? s->step_size : s->warmup_steps > 0 ? s->warmup_steps : 10000);
+        return (float)(lr / sqrt((t + ts) / ts));
+    default: return (float)lr;
     }
-    return (float)lr;
+}
+
+/* NULL when s is a schedule dtr_schedule_lr can follow, else what is wrong with it (its lr
+   aside: dtr_optimizer_create checks it, dtr_optimizer_set_lr replaces it) */
+static const char *dtr__schedule_bad(const dtr_schedule *s) {
+    int decays = s->kind == DTR_SCHED_COSINE || s->kind == DTR_SCHED_LINEAR || s->kind == DTR_SCHED_POLY;
+    if ((int)s->kind < 0 || s->kind > DTR_SCHED_INV_SQRT) return "unknown kind";
+    if (s->warmup_steps < 0 || s->step_size < 0) return "warmup_steps and step_size must be >= 0";
+    if (decays && (s->total_steps <= 0 || !(s->min_lr >= 0.0f) || !isfinite(s->min_lr)))
+        return "a decay (cosine, linear, polynomial) needs total_steps > 0 and a finite min_lr >= 0";
+    if ((s->kind == DTR_SCHED_STEP || s->kind == DTR_SCHED_EXPONENTIAL || s->kind == DTR_SCHED_POLY) &&
+        !(s->gamma > 0.0f && isfinite(s->gamma)))
+        return "gamma (the step and exponential factor, the polynomial power) must be > 0";
+    if (s->kind == DTR_SCHED_STEP && s->step_size <= 0) return "the step schedule needs step_size > 0";
+    return NULL;
 }
 
 /* ---- configuration ---- */
@@ -151,12 +172,13 @@ static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int 
     return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
 }
 
-/* Parameters i and j share a run of state: both trainable, alike in decay and start. */
+/* Parameters i and j share a run of state: both trainable, alike in decay, learning rate and start. */
 static int dtr__same_run(const dtr_optimizer *o, int i, int j) {
-    return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i];
+    return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i] &&
+           o->lr_scales[j] == o->lr_scales[i];
 }
 
-/* map's runs: consecutive trainable parameters alike in decay and start (from the first one's
+/* map's runs: consecutive trainable parameters alike in decay, learning rate and start (from the first one's
    offset to the next parameter's: the padding between them included), inside [base, base + len) */
 static void dtr__map_fill(const dtr_optimizer *o, dtr__state_map *map) {
     int64_t lo = o->base, hi = o->base + o->len;
@@ -255,21 +277,50 @@ static dtr_result dtr__layout(dtr_optimizer *o) {
     return DTR_OK;
 }
 
-/* o->decays from the config (whose no_decay patterns are not kept: the app's arrays may go;
-   without weight decay every flag is 1, so the exceptions split no run), o->started empty */
+/* Parameter i's learning-rate multiplier: the first lr group naming it, else 1. */
+static float dtr__lr_scale(const dtr_model *m, const dtr_optimizer_config *cfg, int i) {
+    const char *name = dtr_tensor_name(dtr_model_param_at(m, i));
+    int k;
+    for (k = 0; k < cfg->n_lr_groups; k++)
+        if (dtr__name_matches(name, &cfg->lr_groups[k].match, 1)) return cfg->lr_groups[k].scale;
+    return 1.0f;
+}
+
+/* o->decays and o->lr_scales from the config (whose no_decay patterns and lr groups are not
+   kept: the app's arrays may go; without weight decay every flag is 1, so the exceptions split
+   no run), o->started empty */
 static dtr_result dtr__param_flags(dtr_optimizer *o) {
     dtr_context *ctx = dtr_model_context(o->model);
     int np = dtr_model_param_count(o->model), i;
     o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
     o->started = (int64_t *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(int64_t));
-    if (!o->decays || !o->started) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->lr_scales = (float *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(float));
+    if (!o->decays || !o->started || !o->lr_scales) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->started[np] = -1;
     for (i = 0; i < np; i++) {
         o->started[i] = -1;
         o->decays[i] = (unsigned char)(o->cfg.weight_decay == 0.0f || dtr__decays(o->model, &o->cfg, i));
         o->some_no_decay |= !o->decays[i];
+        o->lr_scales[i] = dtr__lr_scale(o->model, &o->cfg, i);
     }
     o->cfg.no_decay = NULL, o->cfg.n_no_decay = 0;
+    o->cfg.lr_groups = NULL, o->cfg.n_lr_groups = 0;
+    return DTR_OK;
+}
+
+/* cfg's schedule and learning-rate groups can be followed */
+static dtr_result dtr__check_groups(dtr_context *ctx, const dtr_optimizer_config *cfg) {
+    const char *bad = dtr__schedule_bad(&cfg->schedule);
+    int k;
+    if (bad) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: schedule (kind %d): %s", (int)cfg->schedule.kind, bad);
+    if (cfg->n_lr_groups < 0 || (cfg->n_lr_groups > 0 && !cfg->lr_groups))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: %d lr_groups at %p", cfg->n_lr_groups,
+                         (const void *)cfg->lr_groups);
+    for (k = 0; k < cfg->n_lr_groups; k++)
+        if (!cfg->lr_groups[k].match || !(cfg->lr_groups[k].scale >= 0.0f) || !isfinite(cfg->lr_groups[k].scale))
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: lr group %d needs a name pattern and a "
+                             "finite scale >= 0 (has %s, %g)", k, cfg->lr_groups[k].match ? "one" : "NULL",
+                             (double)cfg->lr_groups[k].scale);
     return DTR_OK;
 }
 
@@ -291,6 +342,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
     if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
+    if ((r = dtr__check_groups(ctx, cfg)) != DTR_OK) return r;
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
     if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
@@ -341,6 +393,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->run_seg);
     dtr__free(&ctx->alloc, o->decays);
     dtr__free(&ctx->alloc, o->started);
+    dtr__free(&ctx->alloc, o->lr_scales);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -481,35 +534,6 @@ static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end)
     return DTR_OK;
 }
 
-/* LAMB over a shard whose ends may split parameters (shard_sum given; host memory): the
- * kernel with lr 0 updates the moments and writes each update direction to work without
- * moving the parameters; each parameter's norms (of p and of its direction) are summed over
- * the shards; then p -= lr * trust * work, as the kernel's last loop. */
-static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
-    dtr_context *ctx = dtr_model_context(o->model);
-    int np = dtr_model_param_count(o->model), s;
-    double *v = (double *)dtr__calloc(&ctx->alloc, (size_t)(2 * np + 1) * sizeof(double));
-    float lr = a->lr;
-    dtr_result r;
-    int64_t i;
-    if (!v) return DTR_OUT_OF_MEMORY;
-    a->lr = 0.0f;
-    r = ctx->backend->optimizer_update(ctx, a);
-    for (s = 0; s < o->nseg && r == DTR_OK; s++)
-        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) {
-            v[2 * o->seg_param[s]] += (double)a->param[i] * a->param[i];
-            v[2 * o->seg_param[s] + 1] += (double)a->work[i] * a->work[i];
-        }
-    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
-    for (s = 0; s < o->nseg && r == DTR_OK; s++) {
-        double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
-        float trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
-        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) a->param[i] -= lr * trust * a->work[i];
-    }
-    dtr__free(&ctx->alloc, v);
-    return r;
-}
-
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
@@ -549,6 +573,11 @@ static void dtr__run_step(const dtr_optimizer *o, dtr__opt_args *a, int64_t star
     a->step = o->steps - started + 1;
 }
 
+/* parameter i's learning rate for the next update: its group's scale times the schedule's */
+static float dtr__param_lr(const dtr_optimizer *o, int i) {
+    return (float)((double)dtr_schedule_lr(&o->cfg.schedule, o->steps) * o->lr_scales[i]);
+}
+
 /* a's buffers for run r of the state map: the run's parameters, gradients and state */
 static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     int64_t lo = o->map.lo[r], at = o->map.at[r];
@@ -558,6 +587,7 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     a->v = o->v ? o->v + at : NULL;
     a->work = o->work ? o->work + at : NULL;
     a->weight_decay = o->decays[o->map.first[r]] ? o->cfg.weight_decay : 0.0f;
+    a->lr = dtr__param_lr(o, o->map.first[r]);
     dtr__run_step(o, a, o->started[o->map.first[r]]);
     if (o->run_seg) {
         a->nseg = o->run_seg[r + 1] - o->run_seg[r];
@@ -566,12 +596,37 @@ static void dtr__run_args(const dtr_optimizer *o, dtr__opt_args *a, int r) {
     }
 }
 
-/* every parameter's state started at the same update (the same answer on every rank) */
-static int dtr__started_together(const dtr_optimizer *o) {
-    int i;
-    for (i = 1; i < dtr_model_param_count(o->model); i++)
-        if (o->started[i] != o->started[0]) return 0;
-    return 1;
+/* LAMB over a shard whose ends may split parameters (shard_sum given; host memory): the
+ * kernel with lr 0 updates each run's moments and writes its update directions to work
+ * without moving the parameters; each parameter's norms (of p and of its direction) are
+ * summed over the shards in one call; then p -= lr * trust * work, as the kernel's last loop. */
+static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int np = dtr_model_param_count(o->model), s, k;
+    double *v = (double *)dtr__calloc(&ctx->alloc, (size_t)(2 * np + 1) * sizeof(double));
+    dtr_result r = v ? DTR_OK : DTR_OUT_OF_MEMORY;
+    int64_t i;
+    for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        dtr__run_args(o, a, k);
+        a->lr = 0.0f, a->begin = 0, a->n = o->map.hi[k] - o->map.lo[k];
+        r = ctx->backend->optimizer_update(ctx, a);
+        for (s = o->run_seg[k]; s < o->run_seg[k + 1] && r == DTR_OK; s++)
+            for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) {
+                v[2 * o->seg_param[s]] += (double)a->param[i] * a->param[i];
+                v[2 * o->seg_param[s] + 1] += (double)a->work[i] * a->work[i];
+            }
+    }
+    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
+    for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        dtr__run_args(o, a, k);
+        for (s = o->run_seg[k]; s < o->run_seg[k + 1]; s++) {
+            double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
+            float lr = a->lr * (pn > 0.0 && un > 0.0 ? (float)(sqrt(pn) / sqrt(un)) : 1.0f);
+            for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) a->param[i] -= lr * a->work[i];
+        }
+    }
+    dtr__free(&ctx->alloc, v);
+    return r;
 }
 
 /* The update over [begin, end), one call a run of trainable parameters: frozen ones
@@ -580,12 +635,7 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     dtr_context *ctx = dtr_model_context(o->model);
     int k;
     dtr_result r = DTR_OK;
-    if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
-        if (dtr__model_frozen(o->model) || o->some_no_decay || !dtr__started_together(o))
-            return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
-                             "(dtr_model_set_trainable), parameters without weight decay, or parameters unfrozen "
-                             "after others' first update is not supported; use Adam or AdamW");
-        dtr__run_step(o, a, o->started[0]);
+    if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over every run */
         r = dtr__lamb_sharded(o, a);
         return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     }
@@ -755,6 +805,9 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
         return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE,
                          "dtr_optimizer_state_loaded: steps %lld / micro %d do not fit this optimizer", (long long)o->steps,
                          o->micro);
+    if (dtr__schedule_bad(&o->cfg.schedule))
+        return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: the saved schedule "
+                         "(kind %d): %s", (int)o->cfg.schedule.kind, dtr__schedule_bad(&o->cfg.schedule));
     if ((r = dtr__layout(o)) != DTR_OK || (r = dtr__check_started(o)) != DTR_OK) return r;
     dtr__map_fill(o, &o->map);   /* the runs split where the starts differ; the state stays where it is */
     if (o->run_seg) dtr__lamb_segments(o);

@@ -967,8 +967,7 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
  *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Call it alike on every rank's model (data-parallel ranks,
- *  parameter servers, stages). LAMB over a ZeRO shard refuses frozen parameters
- *  (DTR_UNSUPPORTED at the step). A checkpoint restores with the trainable set it was saved with.
+ *  parameter servers, stages). A checkpoint restores with the trainable set it was saved with.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
@@ -1510,19 +1509,32 @@ typedef enum dtr_optimizer_kind {
 
 typedef enum dtr_schedule_kind {
     DTR_SCHED_CONSTANT = 0,
-    DTR_SCHED_STEP = 1,    /**< lr * gamma^(floor(step / step_size)) */
-    DTR_SCHED_COSINE = 2   /**< cosine from lr to min_lr over total_steps */
+    DTR_SCHED_STEP = 1,    /**< lr * gamma^(floor(t / step_size)) (torch's StepLR) */
+    DTR_SCHED_COSINE = 2,  /**< cosine from lr to min_lr over total_steps (CosineAnnealingLR), then min_lr */
+    DTR_SCHED_LINEAR = 3,  /**< a straight line from lr to min_lr over total_steps, then min_lr (with
+                                warm-up: Hugging Face's get_linear_schedule_with_warmup, the usual
+                                fine-tuning schedule; torch's LinearLR) */
+    DTR_SCHED_EXPONENTIAL = 4, /**< lr * gamma^t (torch's ExponentialLR) */
+    DTR_SCHED_POLY = 5,    /**< min_lr + (lr - min_lr) * (1 - t / total_steps)^gamma, then min_lr:
+                                gamma is the power (torch's PolynomialLR with min_lr 0; Hugging
+                                Face's polynomial decay with lr_end min_lr) */
+    DTR_SCHED_INV_SQRT = 6 /**< lr / sqrt((t + s) / s) with timescale s = step_size, or warmup_steps
+                                when step_size is 0, or 10000 when both are 0 (the Transformer's
+                                and Hugging Face's inverse square root: lr when warm-up ends) */
 } dtr_schedule_kind;
 
-/** A learning-rate schedule with optional linear warm-up (from 0 over warmup_steps). */
+/** A learning-rate schedule with optional linear warm-up: (step + 1) / warmup_steps * lr at
+ *  steps 0 .. warmup_steps - 1 (torch's LinearLR from 1 / warmup_steps), then the kind's
+ *  curve of t = step - warmup_steps. Checked at dtr_optimizer_create. */
 typedef struct dtr_schedule {
     dtr_schedule_kind kind;
     float lr;
-    float min_lr;
+    float min_lr;          /**< where cosine, linear and polynomial decay end (>= 0) */
     int64_t warmup_steps;
-    int64_t total_steps;   /**< cosine length (after warm-up) */
-    int64_t step_size;     /**< step schedule period */
-    float gamma;           /**< step schedule factor */
+    int64_t total_steps;   /**< length of the cosine, linear and polynomial decay (after warm-up; > 0) */
+    int64_t step_size;     /**< step schedule period (> 0); inverse square root's timescale (0: see it) */
+    float gamma;           /**< step and exponential schedules' factor (> 0); polynomial decay's power
+                                (> 0; 1: linear) */
 } dtr_schedule;
 
 /** Learning rate at optimizer step `step` (0-based). Pure function.
@@ -1543,6 +1555,12 @@ typedef enum dtr_nonfinite_policy {
                                    parameters take the NaN) */
     DTR_NONFINITE_OFF = 3     /**< no check (and no extra pass when clip_norm is 0) */
 } dtr_nonfinite_policy;
+
+/** One learning-rate group of dtr_optimizer_config.lr_groups. */
+typedef struct dtr_lr_group {
+    const char *match;   /**< a name prefix, '*' matching any run of characters (as in dtr_model_set_trainable) */
+    float scale;         /**< >= 0: the group's learning rate is scale times the schedule's */
+} dtr_lr_group;
 
 typedef struct dtr_optimizer_config {
     dtr_optimizer_kind kind;
@@ -1585,11 +1603,18 @@ typedef struct dtr_optimizer_config {
     /** Parameters without weight decay (PyTorch's param groups with weight_decay 0): with
      *  decay_matrices_only, every parameter of fewer than 2 dimensions (biases, norms' scales:
      *  nanoGPT's and llm.c's rule); and those matching one of the n_no_decay `no_decay` name
-     *  prefixes ('*' as in dtr_model_set_trainable), read at dtr_optimizer_create. LAMB over a
-     *  ZeRO shard with shard_sum refuses them (DTR_UNSUPPORTED at the step). */
+     *  prefixes ('*' as in dtr_model_set_trainable), read at dtr_optimizer_create. */
     int decay_matrices_only;
     const char *const *no_decay;
     int n_no_decay;
+    /** Learning rates by name (PyTorch's param groups with their own lr: layer-wise decay, a
+     *  new head trained faster than the body, LoRA+'s faster B matrices): a parameter takes
+     *  the scale of the first of the n_lr_groups `lr_groups` whose `match` names it, 1 when none
+     *  does, and its updates use scale times the schedule's rate (as torch's LambdaLR scales
+     *  every group's lr alike; dtr_optimizer_lr reports the schedule's). Read at
+     *  dtr_optimizer_create (the array may go afterwards); saved state does not hold them. */
+    const dtr_lr_group *lr_groups;
+    int n_lr_groups;
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
