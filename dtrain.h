@@ -991,7 +991,9 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
- *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Call it alike on every rank's model (data-parallel ranks,
+ *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Freezing gives a
+ *  parameter's optimizer state up (PyTorch keeps it); to pause one and keep its state, leave it
+ *  trainable and out of the loss: an update leaves out what no backward reached. Call it alike on every rank's model (data-parallel ranks,
  *  parameter servers, stages). A checkpoint restores with the trainable set it was saved with.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
@@ -1657,10 +1659,13 @@ typedef struct dtr_optimizer dtr_optimizer;
 DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
 DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
 /** One call per micro-batch after dtr_backward. Applies an update (clipping and schedule
- *  included) once every grad_accum_steps calls, then zeroes the gradients. Every trainable
- *  parameter is updated, also one the step's backward did not reach: its gradient is zero, and
- *  momentum, Adam's moments and weight decay still move it (PyTorch skips a parameter whose
- *  .grad is None); freeze what a phase does not train (dtr_model_set_trainable).
+ *  included) once every grad_accum_steps calls, then zeroes the gradients. As torch.optim
+ *  leaves out a parameter whose .grad is None, the update leaves out a trainable parameter no
+ *  dtr_backward since the last dtr_model_zero_grad reached (a branch the step did not take, a
+ *  task head another batch uses): its values, moments and update count stay as they are,
+ *  weight decay included. Gradients written without a backward (by hand, a parameter server's)
+ *  update every trainable parameter; so does data parallelism on every replica unless
+ *  dtr_dp_config.find_unused leaves out those no rank reached.
  *  @param updated  set to 1 when parameters changed (may be NULL).
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_optimizer_step(dtr_optimizer *opt, int *updated);
@@ -1712,7 +1717,8 @@ DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, i
  *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
  *  (the trainable floats of its range each, see dtr_optimizer_moments; device memory on a
  *  device backend), and last "started" (int64 per parameter: the update count its state started
- *  at, -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
+ *  at, moved on by every update that left it out, so that "steps" minus it is the parameter's
+ *  own update count; -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
  *  the model's trainable set). dtr_ckpt restores a checkpoint written before "started" existed
  *  with every trainable parameter started at 0.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's
@@ -3544,6 +3550,12 @@ typedef struct dtr_dp_config {
                                 between steps and, during backward, those of the buckets not yet sent (host
                                 models, Linux; page faults when backward writes them again). 0 (default): the
                                 whole gradient buffer stays resident. Other stages: DTR_INVALID_ARGUMENT */
+    int find_unused;       /**< 1: parameters no rank's backward reached since the last zero_grad are
+                                left out of the optimizer's update, as in one process (their .grad
+                                None in PyTorch; DDP's find_unused_parameters): one more all-reduce,
+                                of a flag a parameter, in each dtr_dp_finish. 0 (default): every
+                                replica updates every trainable parameter with the averaged
+                                gradient (zero where no rank reached it) */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -3603,7 +3615,8 @@ DTR_API void dtr_dp_destroy(dtr_dp *dp);
  *  context's status is not touched). */
 DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
 /** Ends a step's communication: starts the buckets that backward did not start (parameters
- *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
+ *  the pass did not reach) and waits for all of them (with cfg.find_unused, then sums over the
+ *  group which parameters some rank's backward reached: the optimizer leaves out the others). Afterwards the gradient buffer holds
  *  the average over the ranks of their gradients, identical bits on every rank (with a
  *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
  *  here; with ZeRO-2: only this rank's shard holds the average, summed in rank order, the
@@ -4895,7 +4908,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4899 "dtrain.h"
+#line 4912 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5755,6 +5768,19 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 /** 1 when name starts with one of the n prefixes, a '*' in which matches any run of characters
  *  (dtr_model_set_trainable's patterns). */
 DTR__PRIVATE int dtr__name_matches(const char *name, const char *const *prefixes, int n);
+/** Notes, during a capture (ctx->capturing), that its backward reached `param` (src/core/graph.c). */
+DTR__PRIVATE void dtr__graph_reached(dtr_context *ctx, dtr_tensor *param);
+/** Marks in skip[i] (one per parameter) the trainable parameters no backward pass reached since
+ *  the last dtr_model_zero_grad, torch.optim's parameters whose .grad is None; returns how many.
+ *  None when no pass reached any of the model's parameters (gradients written by other means:
+ *  a parameter server's, the app's) or after dtr__model_reach_all. */
+DTR__PRIVATE int dtr__model_unreached(const dtr_model *m, unsigned char *skip);
+/** Until the next zero_grad every parameter counts as reached (data parallelism: the replicas
+ *  update alike whatever each rank's backward reached). */
+DTR__PRIVATE void dtr__model_reach_all(dtr_model *m);
+/** Parameter i counts as reached since the last zero_grad (reached 1) or not (0): data
+ *  parallelism's find_unused puts the group's answer in place of this rank's. */
+DTR__PRIVATE void dtr__model_set_reached(dtr_model *m, int i, int reached);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
 /** A number that changes with every change of the model's trainable set (an optimizer lays its
@@ -5831,7 +5857,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5835 "dtrain.h"
+#line 5861 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6329,7 +6355,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6333 "dtrain.h"
+#line 6359 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6391,7 +6417,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6395 "dtrain.h"
+#line 6421 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6771,7 +6797,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6775 "dtrain.h"
+#line 6801 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6814,7 +6840,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6818 "dtrain.h"
+#line 6844 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6851,7 +6877,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6855 "dtrain.h"
+#line 6881 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6910,7 +6936,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6914 "dtrain.h"
+#line 6940 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6984,7 +7010,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6988 "dtrain.h"
+#line 7014 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7052,7 +7078,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7056 "dtrain.h"
+#line 7082 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7127,7 +7153,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7131 "dtrain.h"
+#line 7157 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7479,7 +7505,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7483 "dtrain.h"
+#line 7509 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8442,7 +8468,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8446 "dtrain.h"
+#line 8472 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9117,7 +9143,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9121 "dtrain.h"
+#line 9147 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9208,7 +9234,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9212 "dtrain.h"
+#line 9238 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9690,7 +9716,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9694 "dtrain.h"
+#line 9720 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9814,6 +9840,7 @@ static dtr_result dtr__grad_of_pass(dtr_context *ctx, dtr_tensor *x) {
     int stale = x->grad && x->node && x->grad_pass != ctx->backward_pass;   /* left by an earlier pass */
     dtr_result r = dtr__grad_ensure(ctx, x);                                /* a new one comes zeroed */
     x->grad_pass = ctx->backward_pass;
+    if (ctx->capturing && dtr__is_param(x)) dtr__graph_reached(ctx, x);
     if (r != DTR_OK || !stale) return r;
     return ctx->backend->memset0(ctx, x->grad, (size_t)dtr_tensor_numel(x) * sizeof(float));
 }
@@ -9945,7 +9972,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9949 "dtrain.h"
+#line 9976 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10178,7 +10205,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10182 "dtrain.h"
+#line 10209 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10297,7 +10324,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10301 "dtrain.h"
+#line 10328 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10353,7 +10380,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10357 "dtrain.h"
+#line 10384 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10400,6 +10427,10 @@ struct dtr_graph {
     int n_trace, cap_trace;
     dtr__graph_copy *copies;    /* the capture's host values */
     int n_copies, cap_copies;
+    dtr_tensor **reached;       /* the parameters the capture's backward reached: a native launch marks
+                                   them reached again (an optimizer leaves the others out) */
+    int n_reached, cap_reached;
+    int reach_lost;             /* no memory to note one: launches leave the bookkeeping alone (every parameter updates) */
     int checking;               /* a later run: compare with the trace, take the copies */
     int at_trace, at_copy;      /* that run's position in them */
 };
@@ -10672,6 +10703,29 @@ static dtr_result dtr__graph_run(dtr_graph *g, int checking) {
     return r;
 }
 
+void dtr__graph_reached(dtr_context *ctx, dtr_tensor *param) {
+    dtr_graph *g = ctx->capturing;
+    int i;
+    for (i = 0; i < g->n_reached; i++)
+        if (g->reached[i] == param) return;
+    if (g->n_reached == g->cap_reached) {
+        int cap = g->cap_reached ? 2 * g->cap_reached : 16;
+        void *p = dtr__realloc(&ctx->alloc, g->reached, (size_t)cap * sizeof(*g->reached));
+        if (!p) { g->reach_lost = 1; return; }
+        g->reached = (dtr_tensor **)p, g->cap_reached = cap;
+    }
+    g->reached[g->n_reached++] = param;
+}
+
+/* a native launch's backward, in the bookkeeping: a pass of its own that reached what the
+   capture's reached (the replay writes their gradients without the tape) */
+static void dtr__graph_mark_reached(dtr_graph *g) {
+    int i;
+    if (g->reach_lost) return;
+    g->ctx->backward_pass++;
+    for (i = 0; i < g->n_reached; i++) g->reached[i]->grad_pass = g->ctx->backward_pass;
+}
+
 /* CUDA: the second run, under stream capture, into the backend's graph */
 static dtr_result dtr__graph_capture_native(dtr_graph *g) {
     dtr_context *ctx = g->ctx;
@@ -10731,7 +10785,10 @@ dtr_result dtr_graph_launch(dtr_graph *g) {
     if (g->reads_own && ctx->resets != g->resets)
         return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph_launch: dtr_context_reset freed tensors the captured step reads "
                          "(made on the context's own tape before the capture): capture it again");
-    if (g->exec) return g->real->graph_launch(ctx, g->exec);
+    if (g->exec) {
+        dtr__graph_mark_reached(g);
+        return g->real->graph_launch(ctx, g->exec);
+    }
     dtr_tape_reset(g->tape);
     return dtr__graph_run(g, 1);
 }
@@ -10749,9 +10806,10 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr_tape_destroy(g->tape);
     dtr__free(&ctx->alloc, g->copies);
     dtr__free(&ctx->alloc, g->trace);
+    dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 10755 "dtrain.h"
+#line 10813 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11016,7 +11074,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11020 "dtrain.h"
+#line 11078 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11580,7 +11638,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11584 "dtrain.h"
+#line 11642 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11762,7 +11820,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11766 "dtrain.h"
+#line 11824 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13392,7 +13450,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13396 "dtrain.h"
+#line 13454 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14299,7 +14357,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14303 "dtrain.h"
+#line 14361 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14561,7 +14619,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14565 "dtrain.h"
+#line 14623 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -14962,7 +15020,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 14966 "dtrain.h"
+#line 15024 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15096,7 +15154,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15100 "dtrain.h"
+#line 15158 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15131,6 +15189,9 @@ struct dtr_model {
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
+    uint32_t zero_pass;         /* the context's backward pass at the last zero_grad: a parameter whose
+                                   gradient a later pass wrote was reached since (dtr__model_unreached) */
+    int reached_all;            /* since that zero_grad, every parameter counts as reached (dtr__model_reach_all) */
     int64_t grad_lo, grad_hi;
     /* buffers (dtr_model_buffer): state that is not trained, in a block of their own */
     dtr_tensor **bufs;
@@ -15467,6 +15528,7 @@ dtr_result dtr_model_build(dtr_model *m) {
         return ctx->status;
     }
     m->built = 1;
+    m->zero_pass = m->ctx->backward_pass;
     return DTR_OK;
 }
 
@@ -15732,6 +15794,7 @@ static dtr_result dtr__zero_grad_runs(dtr_model *m) {
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
+    m->zero_pass = m->ctx->backward_pass, m->reached_all = 0;
     if (m->grad_sharded && dtr__host_memory(m->ctx)) {   /* ZeRO-3: outside the shard, memory back to the system */
         dtr__mem_discard(&m->ctx->alloc, m->grad, m->grad_lo, 0.0f);
         dtr__mem_discard(&m->ctx->alloc, m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
@@ -15740,6 +15803,23 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
+
+/* 1 when a backward pass after the last zero_grad wrote parameter t's gradient */
+static int dtr__param_reached(const dtr_model *m, const dtr_tensor *t) { return (int32_t)(t->grad_pass - m->zero_pass) > 0; }
+
+int dtr__model_unreached(const dtr_model *m, unsigned char *skip) {
+    int i, n = 0, any = 0;
+    for (i = 0; i < m->count; i++) any |= dtr__param_reached(m, m->params[i]);
+    for (i = 0; i < m->count; i++) {
+        skip[i] = (unsigned char)(any && !m->reached_all && dtr_model_param_trainable(m, i) && !dtr__param_reached(m, m->params[i]));
+        n += skip[i];
+    }
+    return n;
+}
+
+void dtr__model_reach_all(dtr_model *m) { if (m) m->reached_all = 1; }
+
+void dtr__model_set_reached(dtr_model *m, int i, int reached) { m->params[i]->grad_pass = m->zero_pass + (reached ? 1u : 0u); }
 
 /* ---- save and load (safetensors) ---- */
 
@@ -15971,7 +16051,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 15975 "dtrain.h"
+#line 16055 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16437,7 +16517,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16441 "dtrain.h"
+#line 16521 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16713,7 +16793,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16717 "dtrain.h"
+#line 16797 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -16950,7 +17030,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 16954 "dtrain.h"
+#line 17034 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17243,7 +17323,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17247 "dtrain.h"
+#line 17327 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17284,9 +17364,12 @@ struct dtr_optimizer {
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
     float *lr_scales;         /* per parameter, its learning rate's multiplier (cfg's lr_groups read at create) */
-    int64_t *started;         /* per parameter, the update count when its state started (-1: frozen,
-                                 none): its bias correction and first step count from there, as
-                                 torch.optim counts a step per parameter */
+    unsigned char *skip;      /* per parameter, 1 when the update under way leaves it out: no backward reached it */
+    int split;                /* the map's runs split on skip (the last update left parameters out) */
+    int64_t *started;         /* per parameter, the update count when its state started, moved on by
+                                 each update that left it out (-1: frozen, none): steps - started
+                                 is its own count, as torch.optim counts a step per parameter (its
+                                 bias correction, its first momentum step) */
     int some_no_decay;        /* some parameter does not */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
     dtr__state_map map;
@@ -17421,10 +17504,11 @@ static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int 
     return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
 }
 
-/* Parameters i and j share a run of state: both trainable, alike in decay, learning rate and start. */
+/* Parameters i and j share a run of state: both trainable, alike in decay, learning rate and
+   start, and both in the update under way or both out of it. */
 static int dtr__same_run(const dtr_optimizer *o, int i, int j) {
     return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i] &&
-           o->lr_scales[j] == o->lr_scales[i];
+           o->lr_scales[j] == o->lr_scales[i] && o->skip[j] == o->skip[i];
 }
 
 /* map's runs: consecutive trainable parameters alike in decay, learning rate and start (from the first one's
@@ -17544,7 +17628,8 @@ static dtr_result dtr__param_flags(dtr_optimizer *o) {
     o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
     o->started = (int64_t *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(int64_t));
     o->lr_scales = (float *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(float));
-    if (!o->decays || !o->started || !o->lr_scales) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->skip = (unsigned char *)dtr__calloc(&ctx->alloc, (size_t)np + 1);
+    if (!o->decays || !o->started || !o->lr_scales || !o->skip) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->started[np] = -1;
     for (i = 0; i < np; i++) {
         o->started[i] = -1;
@@ -17643,6 +17728,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->decays);
     dtr__free(&ctx->alloc, o->started);
     dtr__free(&ctx->alloc, o->lr_scales);
+    dtr__free(&ctx->alloc, o->skip);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -17856,6 +17942,7 @@ static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
     dtr_result r = v ? DTR_OK : DTR_OUT_OF_MEMORY;
     int64_t i;
     for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        if (o->skip[o->map.first[k]]) continue;
         dtr__run_args(o, a, k);
         a->lr = 0.0f, a->begin = 0, a->n = o->map.hi[k] - o->map.lo[k];
         r = ctx->backend->optimizer_update(ctx, a);
@@ -17867,6 +17954,7 @@ static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
     }
     if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
     for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        if (o->skip[o->map.first[k]]) continue;
         dtr__run_args(o, a, k);
         for (s = o->run_seg[k]; s < o->run_seg[k + 1]; s++) {
             double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
@@ -17890,12 +17978,31 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     }
     for (k = 0; k < o->map.n && r == DTR_OK; k++) {
         int64_t lo = o->map.lo[k], rb = lo > begin ? lo : begin, re = o->map.hi[k] < end ? o->map.hi[k] : end;
-        if (rb >= re) continue;
+        if (rb >= re || o->skip[o->map.first[k]]) continue;
         dtr__run_args(o, a, k);
         a->begin = rb - lo, a->n = re - lo;
         r = ctx->backend->optimizer_update(ctx, a);
     }
     return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+}
+
+/* o->skip for the update under way: the trainable parameters no backward reached since the
+   last zero_grad, which torch.optim leaves out (their .grad is None); the runs split there */
+static void dtr__mark_skips(dtr_optimizer *o) {
+    int n = dtr__model_unreached(o->model, o->skip);
+    if (n > 0 || o->split) {
+        dtr__map_fill(o, &o->map);
+        if (o->run_seg) dtr__lamb_segments(o);
+    }
+    o->split = n > 0;
+}
+
+/* after an update: the parameters it left out hold their own update count (their start moves
+   with the optimizer's count), as torch.optim's state["step"] */
+static void dtr__hold_skipped(dtr_optimizer *o) {
+    int i;
+    for (i = 0; o->split && i < dtr_model_param_count(o->model); i++)
+        if (o->skip[i] && o->started[i] >= 0) o->started[i]++;
 }
 
 /* one update (the micro-batch count reached grad_accum_steps) */
@@ -17907,6 +18014,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     int skip;
     o->micro = 0;
     if ((r = dtr__layout(o)) != DTR_OK) return r;
+    dtr__mark_skips(o);
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
     a.begin = begin - o->base;   /* the kernel sees the optimizer's floats, state-aligned */
@@ -17939,6 +18047,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     }
     if (ctx->obs) dtr__obs_optimizer(ctx->obs, a.lr, norm);
     if ((r = dtr__update_runs(o, &a, begin, end)) != DTR_OK) return r;
+    dtr__hold_skipped(o);
     o->steps++;
     if (updated) *updated = 1;
     return o->keep_grads ? DTR_OK : dtr_model_zero_grad(o->model);
@@ -18073,7 +18182,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18077 "dtrain.h"
+#line 18186 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18211,7 +18320,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18215 "dtrain.h"
+#line 18324 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18558,7 +18667,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18562 "dtrain.h"
+#line 18671 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18624,7 +18733,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18628 "dtrain.h"
+#line 18737 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18861,7 +18970,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18865 "dtrain.h"
+#line 18974 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19610,7 +19719,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19614 "dtrain.h"
+#line 19723 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20063,7 +20172,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20067 "dtrain.h"
+#line 20176 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20119,7 +20228,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20123 "dtrain.h"
+#line 20232 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -20961,7 +21070,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 20965 "dtrain.h"
+#line 21074 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21542,7 +21651,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21546 "dtrain.h"
+#line 21655 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22173,7 +22282,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22177 "dtrain.h"
+#line 22286 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -22969,7 +23078,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 22973 "dtrain.h"
+#line 23082 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23322,7 +23431,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23326 "dtrain.h"
+#line 23435 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23512,7 +23621,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23516 "dtrain.h"
+#line 23625 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23693,7 +23802,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23697 "dtrain.h"
+#line 23806 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24468,7 +24577,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24472 "dtrain.h"
+#line 24581 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -24985,7 +25094,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 24989 "dtrain.h"
+#line 25098 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25780,7 +25889,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25784 "dtrain.h"
+#line 25893 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27028,7 +27137,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27032 "dtrain.h"
+#line 27141 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27650,7 +27759,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27654 "dtrain.h"
+#line 27763 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28151,7 +28260,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28155 "dtrain.h"
+#line 28264 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28881,7 +28990,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28885 "dtrain.h"
+#line 28994 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29117,7 +29226,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29121 "dtrain.h"
+#line 29230 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29246,7 +29355,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29250 "dtrain.h"
+#line 29359 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29696,7 +29805,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29700 "dtrain.h"
+#line 29809 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30189,7 +30298,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30193 "dtrain.h"
+#line 30302 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30271,6 +30380,8 @@ struct dtr_dp {
     dtr__dpc *cz;           /* gradient codec and counters */
     dtr__zero *z;           /* ZeRO: the shards (NULL without) */
     float *stage;           /* device gradients over a host-memory transport: the host copy */
+    float *used;            /* find_unused: a flag a parameter, summed over the group */
+    unsigned char *skip;    /* find_unused: this rank's parameters its backward did not reach */
 };
 
 /* The buffer the collectives reduce: the model's gradients, or their host staging copy. */
@@ -30512,6 +30623,12 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
+        if (r == DTR_OK && cfg->find_unused) {
+            size_t np = (size_t)dtr_model_param_count(m) + 1;
+            dp->used = (float *)dtr__calloc(&ctx->alloc, np * sizeof(float));
+            dp->skip = (unsigned char *)dtr__calloc(&ctx->alloc, np);
+            if (!dp->used || !dp->skip) r = DTR_OUT_OF_MEMORY;
+        }
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
         if (cfg->zero && (r = dtr__zero_create(m, c, cfg, dp->nb, !dp->stage && c->mem_ctx, &dp->z)) != DTR_OK) {
             dtr_dp_destroy(dp);
@@ -30566,6 +30683,8 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__dpc_destroy(dp->cz);
     dtr__zero_destroy(dp->z);
     if (dp->stage) dtr__host_free(dp->ctx, dp->stage);
+    dtr__free(&a, dp->used);
+    dtr__free(&a, dp->skip);
     dtr__free(&a, dp);
 }
 
@@ -30603,11 +30722,24 @@ static dtr_result dtr__dp_unstage_grads(dtr_dp *dp) {
     return r;
 }
 
+/* find_unused: a parameter counts as reached when some rank's backward reached it (the
+   optimizer leaves the others out, on every rank alike) */
+static dtr_result dtr__dp_find_unused(dtr_dp *dp) {
+    int np = dtr_model_param_count(dp->m), i;
+    dtr_result r;
+    dtr__model_unreached(dp->m, dp->skip);
+    for (i = 0; i < np; i++) dp->used[i] = dp->skip[i] ? 0.0f : 1.0f;
+    r = dtr_comm_all_reduce(dp->c, dp->used, dp->used, (size_t)np, DTR_F32, DTR_REDUCE_SUM);
+    for (i = 0; i < np && r == DTR_OK; i++) dtr__model_set_reached(dp->m, i, dp->used[i] > 0.0f);
+    return r;
+}
+
 dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
     if (!dp) return DTR_NULL_HANDLE;
     if (!dp->param_bucket || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    if (!dp->used) dtr__model_reach_all(dp->m);   /* the averages: every replica updates every parameter alike */
     dtr__dp_relayout(dp);   /* no gradient reached the hook */
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
@@ -30622,6 +30754,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && !dp->z; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
     if (r == DTR_OK && w == DTR_OK) w = dtr__dp_unstage_grads(dp);
+    if (r == DTR_OK && w == DTR_OK && dp->used) w = dtr__dp_find_unused(dp);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
@@ -30780,7 +30913,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30784 "dtrain.h"
+#line 30917 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31286,7 +31419,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31290 "dtrain.h"
+#line 31423 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32838,7 +32971,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32842 "dtrain.h"
+#line 32975 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -32892,7 +33025,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 32896 "dtrain.h"
+#line 33029 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34089,7 +34222,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34093 "dtrain.h"
+#line 34226 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34992,7 +35125,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 34996 "dtrain.h"
+#line 35129 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36470,7 +36603,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36474 "dtrain.h"
+#line 36607 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36863,7 +36996,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 36867 "dtrain.h"
+#line 37000 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37012,7 +37145,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37016 "dtrain.h"
+#line 37149 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

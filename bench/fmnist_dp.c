@@ -6,6 +6,7 @@
  *                         [--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F]
  *                         [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3]
  *                         [--zero3-keep-grads 0|1] [--zero2-release-grads 0|1] [--freeze PREFIX]
+ *                         [--find-unused 0|1]
  *
  * Trains the MLP of examples/common.h (784-256-128-10) data-parallel exactly as
  * examples/fmnist_dp.c does (this file includes it): global batch B (default 128) split
@@ -126,12 +127,12 @@ int main(int argc, char **argv) {
                "\"epochs\":%d,\"steps\":%lld,\"train_s\":%.3f,\"samples_per_s\":%.0f,\"test_acc\":%.4f,\"buckets\":%d,"
                "\"overlapped_buckets\":%d,\"best_of\":%d,\"compress\":\"%s\",\"local_sgd\":%d,\"bytes_per_step\":%.0f,"
                "\"f32_bytes_per_step\":%.0f,\"zero\":%d,\"zero3_keep_grads\":%d,\"zero2_release_grads\":%d,\"optimizer_state_bytes\":%zu,"
-               "\"param_bytes_peak\":%llu,\"freeze\":\"%s\"}\n", o.transport,
+               "\"param_bytes_peak\":%llu,\"freeze\":\"%s\",\"find_unused\":%d}\n", o.transport,
                o.provider ? o.provider : strcmp(o.transport, "local") ? "auto" : "none", wl[i], o.batch, o.epochs, (long long)best[i].steps,
                best[i].train_s, sps, best[i].test_acc, best[i].buckets, best[i].overlapped, repeat,
                dp_compress_names[o.compress], o.local_sgd, (double)best[i].stats.wire_bytes / (double)best[i].steps,
                (double)best[i].stats.raw_bytes / (double)best[i].steps, o.zero, o.zero3_keep_grads, o.zero2_release_grads, best[i].opt_state_bytes,
-               (unsigned long long)best[i].stats.param_bytes_peak, o.freeze ? o.freeze : "");
+               (unsigned long long)best[i].stats.param_bytes_peak, o.freeze ? o.freeze : "", o.find_unused);
         if (i > 0 && best[0].ok)
             printf("{\"bench\":\"fmnist_dp_speedup\",\"transport\":\"%s\",\"world\":%d,\"vs_world\":%d,\"speedup\":%.3f}\n",
                    o.transport, wl[i], wl[0], sps / ((double)best[0].samples / best[0].train_s));

@@ -25,7 +25,7 @@
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
  *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3]
  *                  [--zero3-keep-grads 0|1] [--zero2-release-grads 0|1] [--graph]
- *                  [--freeze PREFIX] [--metrics FILE] [--trace FILE]
+ *                  [--freeze PREFIX] [--find-unused 0|1] [--metrics FILE] [--trace FILE]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
  *   --batch      global batch, split evenly over the ranks (default 128)
@@ -45,6 +45,8 @@
  *   --zero3-keep-grads 1  ZeRO-3: keep the whole gradient buffer resident (faster, more memory)
  *   --zero2-release-grads 1  ZeRO-2: give the gradients outside the shard back once sent (less
  *                memory between steps, page faults each backward)
+ *   --find-unused 1  the engine asks which parameters some rank's backward reached (one more
+ *                all-reduce a step; the optimizer leaves out the others, as one process does)
  *   --freeze     the parameters whose names start with PREFIX stay as initialised
  *                (dtr_model_set_trainable; "fc1." fine-tunes fc2 and fc3 only): no gradient, no
  *                optimizer state, not in any bucket (their floats never go on the wire)
@@ -74,6 +76,7 @@ typedef struct dp_opts {
     int zero;               /* 1: ZeRO-1, 2: ZeRO-2, 3: ZeRO-3 */
     int zero3_keep_grads;   /* ZeRO-3: the whole gradient buffer stays resident */
     int zero2_release_grads; /* ZeRO-2: the gradients outside the shard given back once sent */
+    int find_unused;        /* --find-unused: dtr_dp_config.find_unused */
     float topk_ratio;
     int powersgd_rank, local_sgd;
     int64_t local_sgd_warmup;
@@ -179,6 +182,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     dc.zero = o->zero;
     dc.zero3_keep_grads = o->zero3_keep_grads;
     dc.zero2_release_grads = o->zero2_release_grads;
+    dc.find_unused = o->find_unused;
     if ((r = dtr_dp_create(net.model, c, &dc, &dp)) != DTR_OK) { dp_err(rank, "dtr_dp_create", r, dtr_context_last_error(ctx)); goto done; }
     oc = fm_sgd_config(o->lr, 0.9f, o->cosine ? o->epochs * steps : 0);
     dtr_dp_shard_optimizer(dp, &oc);   /* ZeRO: this rank's shard; else all */
@@ -336,6 +340,7 @@ static int dp_parse_compress(dp_opts *o, const char *a, const char *v) {
     else if (!strcmp(a, "--zero")) o->zero = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--zero3-keep-grads")) o->zero3_keep_grads = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--zero2-release-grads")) o->zero2_release_grads = (int)strtol(v, &end, 10);
+    else if (!strcmp(a, "--find-unused")) o->find_unused = (int)strtol(v, &end, 10);
     else return 0;
     if (!end || *end || end == v) { fprintf(stderr, "error: %s: '%s' is not a number\n", a, v); return -1; }
     return 1;
@@ -355,7 +360,7 @@ int main(int argc, char **argv) {
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
                    "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3] [--zero3-keep-grads 0|1] "
-                   "[--zero2-release-grads 0|1] [--gpu] [--graph] [--freeze PREFIX]\n", argv[0]);
+                   "[--zero2-release-grads 0|1] [--find-unused 0|1] [--gpu] [--graph] [--freeze PREFIX]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }

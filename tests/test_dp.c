@@ -18,6 +18,10 @@
  *                          batch; dtr_dp_set_no_sync with buckets in flight is refused
  *   test_dp_broadcast      different initial weights: rank 0's win at dtr_dp_create
  *   test_dp_frozen         l1 frozen on 2 ranks: the 1-rank result, l1 untouched, no hang
+ *   test_dp_unused         a parameter some steps' backward reaches on one rank, on both or on
+ *                          none: with find_unused the ranks leave it out where none reached it
+ *                          and end where one process with the averaged loss does; by default
+ *                          every replica updates it
  *   test_dp_average_buffers  3 ranks' different batch-norm statistics averaged on every rank
  *   test_dp_single         a group of 1: no hook, identical bits to plain training
  *   test_dp_fault          a rank stops: dtr_dp_finish on the other fails within the deadline
@@ -373,6 +377,125 @@ static void t_dp_frozen(void) {
     dp_free(&ref), dp_free(&j), dp_free(&rt), dp_free(&jt);
 }
 
+/* ---- parameters no rank reaches (find_unused) ---- */
+
+#define UN_STEPS 4
+/* rank r's backward at step t reaches b when bit t of un_uses[r] is set: rank 0 in step 0,
+   rank 1 in step 1, both in step 2, neither in step 3 */
+static const int un_uses[2] = {0x5, 0x6};
+
+typedef struct un_rank {
+    pthread_t tid;
+    dtr_local_world *w;
+    int rank, find_unused, world;
+    float a[UN_STEPS + 1][4], b[UN_STEPS + 1][4];   /* before each step and after the last */
+    dtr_result r;
+    char msg[256];
+} un_rank;
+
+/* the inputs of rank r at step t (x for a, y for b) */
+static void un_inputs(int r, int t, float *x, float *y) {
+    int i;
+    for (i = 0; i < 4; i++) x[i] = 0.25f * (float)(i + 1) - 0.5f * (float)r + 0.1f * (float)t, y[i] = 1.0f - 0.3f * (float)(i + r + t);
+}
+
+/* rank r's loss at step t: sum(a * x) (+ sum(b * y) when it uses b), times `w` */
+static dtr_tensor *un_loss(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b, int r, int t, float w) {
+    static const int64_t n4[1] = {4};
+    float x[4], y[4];
+    dtr_tensor *l;
+    un_inputs(r, t, x, y);
+    l = dtr_sum_all(ctx, dtr_mul(ctx, a, dtr_tensor_from(ctx, DTR_F32, 1, n4, x)));
+    if (un_uses[r] >> t & 1) l = dtr_add(ctx, l, dtr_sum_all(ctx, dtr_mul(ctx, b, dtr_tensor_from(ctx, DTR_F32, 1, n4, y))));
+    return dtr_scale(ctx, l, w);
+}
+
+/* AdamW with weight decay on [a, b]: world 2 over the engine (rank u->rank), or world 1 with
+   the two ranks' losses averaged (the reference) */
+static dtr_result un_train(un_rank *u, dtr_comm *c) {
+    static const int64_t n4[1] = {4};
+    dtr_context *ctx = NULL;
+    dtr_model *m = NULL;
+    dtr_optimizer *o = NULL;
+    dtr_dp *dp = NULL;
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.05f);
+    dtr_tensor *a, *b;
+    dtr_result r = dtr_context_create(NULL, &ctx);
+    int t, k;
+    oc.weight_decay = 0.1f;
+    dc.find_unused = u->find_unused;
+    if (r == DTR_OK) r = dtr_model_create(ctx, 3, &m);
+    a = m ? dtr_model_param(m, "a", 1, n4, DTR_INIT_UNIFORM, 1.0f) : NULL;
+    b = m ? dtr_model_param(m, "b", 1, n4, DTR_INIT_UNIFORM, 1.0f) : NULL;
+    if (r == DTR_OK && c) r = dtr_dp_create(m, c, &dc, &dp);
+    if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, &o);
+    for (t = 0; t < UN_STEPS && r == DTR_OK; t++) {
+        dtr_tensor *loss;
+        memcpy(u->a[t], dtr_model_params(m) + dtr_model_param_offset(m, 0), sizeof u->a[t]);
+        memcpy(u->b[t], dtr_model_params(m) + dtr_model_param_offset(m, 1), sizeof u->b[t]);
+        if (c) loss = un_loss(ctx, a, b, u->rank, t, 1.0f);
+        else for (loss = NULL, k = 0; k < 2; k++)   /* the average of the ranks' losses */
+            loss = loss ? dtr_add(ctx, loss, un_loss(ctx, a, b, k, t, 0.5f)) : un_loss(ctx, a, b, k, t, 0.5f);
+        r = dtr_backward(ctx, loss);
+        if (r == DTR_OK && dp) r = dtr_dp_finish(dp);
+        if (r == DTR_OK) r = dtr_optimizer_step(o, NULL);
+        dtr_context_reset(ctx);
+    }
+    if (m) memcpy(u->a[t], dtr_model_params(m) + dtr_model_param_offset(m, 0), sizeof u->a[t]);
+    if (m) memcpy(u->b[t], dtr_model_params(m) + dtr_model_param_offset(m, 1), sizeof u->b[t]);
+    if (r != DTR_OK) snprintf(u->msg, sizeof u->msg, "%s", ctx ? dtr_context_last_error(ctx) : "no context");
+    dtr_optimizer_destroy(o), dtr_dp_destroy(dp), dtr_model_destroy(m), dtr_context_destroy(ctx);
+    return r;
+}
+
+static void *un_main(void *arg) {
+    un_rank *u = (un_rank *)arg;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    cfg.local.world = u->w, cfg.local.rank = u->rank, cfg.timeout_ms = 20000;
+    u->r = dtr_comm_create(&cfg, &c, u->msg, sizeof u->msg);
+    if (u->r == DTR_OK) u->r = un_train(u, c);
+    dtr_comm_destroy(c);
+    return NULL;
+}
+
+static void un_world(un_rank *u, int find_unused) {
+    dtr_local_world *w = NULL;
+    int r;
+    if (dtr_local_world_create(2, NULL, &w) != DTR_OK) { CHECK(0); return; }
+    for (r = 0; r < 2; r++) {
+        memset(&u[r], 0, sizeof u[r]);
+        u[r].w = w, u[r].rank = r, u[r].find_unused = find_unused;
+        pthread_create(&u[r].tid, NULL, un_main, &u[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(u[r].tid, NULL);
+    dtr_local_world_destroy(w);
+}
+
+/* b is reached by one rank in steps 0 and 1, by both in step 2, by neither in step 3. With
+   find_unused both ranks leave b alone in step 3 (AdamW's decay and moments included) and end
+   where one process with the averaged loss does (it leaves b out there too); by default the
+   replicas update b in step 3 as well, alike. */
+static void t_dp_unused(void) {
+    static un_rank u[2], d[2], ref;
+    int r;
+    un_world(u, 1);
+    un_world(d, 0);
+    memset(&ref, 0, sizeof ref);
+    ref.r = un_train(&ref, NULL);
+    CHECK_MSG(ref.r == DTR_OK, "reference: %s", ref.msg);
+    for (r = 0; r < 2; r++) {
+        CHECK_MSG(u[r].r == DTR_OK && d[r].r == DTR_OK, "rank %d: %s %s", r, u[r].msg, d[r].msg);
+        CHECK(memcmp(u[r].b[3], u[r].b[2], sizeof u[r].b[3]) != 0);   /* reached by some rank in step 2 */
+        CHECK(memcmp(u[r].b[4], u[r].b[3], sizeof u[r].b[4]) == 0);   /* by none in step 3: left out */
+        CHECK(memcmp(d[r].b[4], d[r].b[3], sizeof d[r].b[4]) != 0);   /* by default updated anyway */
+        CHECK(rel_err(u[r].a[UN_STEPS], ref.a[UN_STEPS], 4) <= 1e-6 && rel_err(u[r].b[UN_STEPS], ref.b[UN_STEPS], 4) <= 1e-6);
+    }
+    CHECK(memcmp(u[0].b, u[1].b, sizeof u[0].b) == 0 && memcmp(d[0].b, d[1].b, sizeof d[0].b) == 0);
+    CHECK(memcmp(ref.b[4], ref.b[3], sizeof ref.b[4]) == 0);
+}
+
 /* bf16 activations: the engine reduces f32 gradients as ever, so 2 ranks end where 1 rank with
    the whole batch and bf16 activations does, far closer than to f32's weights */
 static void t_dp_bf16(void) {
@@ -535,6 +658,7 @@ int main(void) {
     RUN(t_dp_no_sync);
     RUN(t_dp_broadcast);
     RUN(t_dp_frozen);
+    RUN(t_dp_unused);
     RUN(t_dp_average_buffers);
     RUN(t_dp_single);
     RUN(t_dp_fault);

@@ -101,6 +101,19 @@ static void fx_add_grad(fx *f, int step, float scale) {
     for (i = 0; dtr_model_param_trainable(f->m, 1) && i < OPTF_N1; i++) g[f->off1 + i] += scale * optf_grad1[step * OPTF_N1 + i];
 }
 
+/* Adds fixture gradient `step` through autograd: the backward of sum(p0 * g0) + sum(p1 * g1),
+   whose gradients are g0 and g1 exactly; without p1's term (skip_p1) no backward reaches p1,
+   as a .grad of None in torch. */
+static void fx_backward(fx *f, int step, int skip_p1) {
+    static const int64_t s0[2] = {3, 4}, s1[1] = {5};
+    dtr_tensor *g0 = dtr_tensor_from(f->ctx, DTR_F32, 2, s0, optf_grad0 + step * OPTF_N0);
+    dtr_tensor *g1 = dtr_tensor_from(f->ctx, DTR_F32, 1, s1, optf_grad1 + step * OPTF_N1);
+    dtr_tensor *loss = dtr_sum_all(f->ctx, dtr_mul(f->ctx, f->p0, g0));
+    if (!skip_p1) loss = dtr_add(f->ctx, loss, dtr_sum_all(f->ctx, dtr_mul(f->ctx, f->p1, g1)));
+    CHECK_OK(f->ctx, dtr_backward(f->ctx, loss));
+    dtr_context_reset(f->ctx);
+}
+
 /* The thaw cases: p1 frozen before update c->thaw, trainable from it. */
 static void fx_thaw(fx *f, const optf_case *c, int step) {
     static const char *p1[1] = {"p1"};
@@ -152,7 +165,7 @@ static void run_case(const optf_case *c) {
     if (!opt) { fx_close(&f); return; }
     for (s = 0; s < OPTF_STEPS; s++) {
         fx_thaw(&f, c, s);
-        fx_add_grad(&f, s, 1.0f);
+        fx_backward(&f, s, c->skip1 >> s & 1);
         CHECK_EQ_INT(dtr_optimizer_steps(opt), s);
         CHECK_MSG(rel_err(dtr_optimizer_lr(opt), c->lrs[s]) <= 1e-6, "%s: lr of update %d is %.9g, torch used %.9g",
                   c->name, s, dtr_optimizer_lr(opt), c->lrs[s]);
@@ -201,6 +214,48 @@ static const optf_case *find_case(const char *name) {
     for (i = 0; i < OPTF_NCASES; i++)
         if (!strcmp(optf_cases[i].name, name)) return &optf_cases[i];
     return NULL;
+}
+
+/* What counts as reached: p1 reached by one micro-batch of an update takes part in it; an
+   update no backward of which reached p1 leaves its values and moments alone, bit for bit
+   (AdamW's weight decay included); gradients written by hand (no backward since the last
+   zero_grad) update every trainable parameter, as before. */
+static void test_unreached(void) {
+    fx f;
+    dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    dtr_optimizer *opt = NULL;
+    float before[OPTF_N1], m1[OPTF_N1], v1[OPTF_N1], after[OPTF_N1], p0[OPTF_N0];
+    int updated = -1;
+    cfg.weight_decay = 0.1f;
+    cfg.grad_accum_steps = 2;
+    fx_open(&f);
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+    if (!opt) { fx_close(&f); return; }
+    fx_read(&f, p0, before);
+    fx_backward(&f, 0, 0);
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, NULL));
+    fx_backward(&f, 1, 1);
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+    fx_read(&f, p0, after);
+    CHECK(updated == 1 && memcmp(before, after, sizeof before) != 0);   /* reached by the first micro-batch */
+    memcpy(before, after, sizeof before);
+    memcpy(m1, dtr_optimizer_moments(opt, 0, NULL) + f.off1, sizeof m1);
+    memcpy(v1, dtr_optimizer_moments(opt, 1, NULL) + f.off1, sizeof v1);
+    fx_backward(&f, 2, 1);
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, NULL));
+    fx_backward(&f, 3, 1);
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+    fx_read(&f, p0, after);
+    CHECK(updated == 1 && memcmp(before, after, sizeof before) == 0);
+    CHECK(memcmp(m1, dtr_optimizer_moments(opt, 0, NULL) + f.off1, sizeof m1) == 0);
+    CHECK(memcmp(v1, dtr_optimizer_moments(opt, 1, NULL) + f.off1, sizeof v1) == 0);
+    dtr_model_grads(f.m)[f.off0] = 1.0f;   /* by hand: p1 takes part with a zero gradient (moments, decay) */
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, NULL));
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+    fx_read(&f, p0, after);
+    CHECK(updated == 1 && memcmp(before, after, sizeof before) != 0);
+    dtr_optimizer_destroy(opt);
+    fx_close(&f);
 }
 
 /* Copies every state entry of `from` into `to` (host memory), as a checkpoint would. */
@@ -982,6 +1037,7 @@ int main(void) {
     RUN(test_lamb_zero_param);
     RUN(test_frozen);
     RUN(test_thaw_state);
+    RUN(test_unreached);
     RUN(test_frozen_grad_memory);
     RUN(test_grad_memory_callbacks);
     RUN(test_no_decay);

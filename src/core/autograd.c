@@ -118,6 +118,7 @@ static dtr_result dtr__grad_of_pass(dtr_context *ctx, dtr_tensor *x) {
     int stale = x->grad && x->node && x->grad_pass != ctx->backward_pass;   /* left by an earlier pass */
     dtr_result r = dtr__grad_ensure(ctx, x);                                /* a new one comes zeroed */
     x->grad_pass = ctx->backward_pass;
+    if (ctx->capturing && dtr__is_param(x)) dtr__graph_reached(ctx, x);
     if (r != DTR_OK || !stale) return r;
     return ctx->backend->memset0(ctx, x->grad, (size_t)dtr_tensor_numel(x) * sizeof(float));
 }

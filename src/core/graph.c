@@ -41,6 +41,10 @@ struct dtr_graph {
     int n_trace, cap_trace;
     dtr__graph_copy *copies;    /* the capture's host values */
     int n_copies, cap_copies;
+    dtr_tensor **reached;       /* the parameters the capture's backward reached: a native launch marks
+                                   them reached again (an optimizer leaves the others out) */
+    int n_reached, cap_reached;
+    int reach_lost;             /* no memory to note one: launches leave the bookkeeping alone (every parameter updates) */
     int checking;               /* a later run: compare with the trace, take the copies */
     int at_trace, at_copy;      /* that run's position in them */
 };
@@ -313,6 +317,29 @@ static dtr_result dtr__graph_run(dtr_graph *g, int checking) {
     return r;
 }
 
+void dtr__graph_reached(dtr_context *ctx, dtr_tensor *param) {
+    dtr_graph *g = ctx->capturing;
+    int i;
+    for (i = 0; i < g->n_reached; i++)
+        if (g->reached[i] == param) return;
+    if (g->n_reached == g->cap_reached) {
+        int cap = g->cap_reached ? 2 * g->cap_reached : 16;
+        void *p = dtr__realloc(&ctx->alloc, g->reached, (size_t)cap * sizeof(*g->reached));
+        if (!p) { g->reach_lost = 1; return; }
+        g->reached = (dtr_tensor **)p, g->cap_reached = cap;
+    }
+    g->reached[g->n_reached++] = param;
+}
+
+/* a native launch's backward, in the bookkeeping: a pass of its own that reached what the
+   capture's reached (the replay writes their gradients without the tape) */
+static void dtr__graph_mark_reached(dtr_graph *g) {
+    int i;
+    if (g->reach_lost) return;
+    g->ctx->backward_pass++;
+    for (i = 0; i < g->n_reached; i++) g->reached[i]->grad_pass = g->ctx->backward_pass;
+}
+
 /* CUDA: the second run, under stream capture, into the backend's graph */
 static dtr_result dtr__graph_capture_native(dtr_graph *g) {
     dtr_context *ctx = g->ctx;
@@ -372,7 +399,10 @@ dtr_result dtr_graph_launch(dtr_graph *g) {
     if (g->reads_own && ctx->resets != g->resets)
         return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph_launch: dtr_context_reset freed tensors the captured step reads "
                          "(made on the context's own tape before the capture): capture it again");
-    if (g->exec) return g->real->graph_launch(ctx, g->exec);
+    if (g->exec) {
+        dtr__graph_mark_reached(g);
+        return g->real->graph_launch(ctx, g->exec);
+    }
     dtr_tape_reset(g->tape);
     return dtr__graph_run(g, 1);
 }
@@ -390,5 +420,6 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr_tape_destroy(g->tape);
     dtr__free(&ctx->alloc, g->copies);
     dtr__free(&ctx->alloc, g->trace);
+    dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }

@@ -854,6 +854,19 @@ DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 /** 1 when name starts with one of the n prefixes, a '*' in which matches any run of characters
  *  (dtr_model_set_trainable's patterns). */
 DTR__PRIVATE int dtr__name_matches(const char *name, const char *const *prefixes, int n);
+/** Notes, during a capture (ctx->capturing), that its backward reached `param` (src/core/graph.c). */
+DTR__PRIVATE void dtr__graph_reached(dtr_context *ctx, dtr_tensor *param);
+/** Marks in skip[i] (one per parameter) the trainable parameters no backward pass reached since
+ *  the last dtr_model_zero_grad, torch.optim's parameters whose .grad is None; returns how many.
+ *  None when no pass reached any of the model's parameters (gradients written by other means:
+ *  a parameter server's, the app's) or after dtr__model_reach_all. */
+DTR__PRIVATE int dtr__model_unreached(const dtr_model *m, unsigned char *skip);
+/** Until the next zero_grad every parameter counts as reached (data parallelism: the replicas
+ *  update alike whatever each rank's backward reached). */
+DTR__PRIVATE void dtr__model_reach_all(dtr_model *m);
+/** Parameter i counts as reached since the last zero_grad (reached 1) or not (0): data
+ *  parallelism's find_unused puts the group's answer in place of this rank's. */
+DTR__PRIVATE void dtr__model_set_reached(dtr_model *m, int i, int reached);
 /** How many of the model's parameters are frozen (dtr_model_set_trainable). */
 DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
 /** A number that changes with every change of the model's trainable set (an optimizer lays its

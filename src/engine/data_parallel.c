@@ -76,6 +76,8 @@ struct dtr_dp {
     dtr__dpc *cz;           /* gradient codec and counters */
     dtr__zero *z;           /* ZeRO: the shards (NULL without) */
     float *stage;           /* device gradients over a host-memory transport: the host copy */
+    float *used;            /* find_unused: a flag a parameter, summed over the group */
+    unsigned char *skip;    /* find_unused: this rank's parameters its backward did not reach */
 };
 
 /* The buffer the collectives reduce: the model's gradients, or their host staging copy. */
@@ -317,6 +319,12 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
+        if (r == DTR_OK && cfg->find_unused) {
+            size_t np = (size_t)dtr_model_param_count(m) + 1;
+            dp->used = (float *)dtr__calloc(&ctx->alloc, np * sizeof(float));
+            dp->skip = (unsigned char *)dtr__calloc(&ctx->alloc, np);
+            if (!dp->used || !dp->skip) r = DTR_OUT_OF_MEMORY;
+        }
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
         if (cfg->zero && (r = dtr__zero_create(m, c, cfg, dp->nb, !dp->stage && c->mem_ctx, &dp->z)) != DTR_OK) {
             dtr_dp_destroy(dp);
@@ -371,6 +379,8 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__dpc_destroy(dp->cz);
     dtr__zero_destroy(dp->z);
     if (dp->stage) dtr__host_free(dp->ctx, dp->stage);
+    dtr__free(&a, dp->used);
+    dtr__free(&a, dp->skip);
     dtr__free(&a, dp);
 }
 
@@ -408,11 +418,24 @@ static dtr_result dtr__dp_unstage_grads(dtr_dp *dp) {
     return r;
 }
 
+/* find_unused: a parameter counts as reached when some rank's backward reached it (the
+   optimizer leaves the others out, on every rank alike) */
+static dtr_result dtr__dp_find_unused(dtr_dp *dp) {
+    int np = dtr_model_param_count(dp->m), i;
+    dtr_result r;
+    dtr__model_unreached(dp->m, dp->skip);
+    for (i = 0; i < np; i++) dp->used[i] = dp->skip[i] ? 0.0f : 1.0f;
+    r = dtr_comm_all_reduce(dp->c, dp->used, dp->used, (size_t)np, DTR_F32, DTR_REDUCE_SUM);
+    for (i = 0; i < np && r == DTR_OK; i++) dtr__model_set_reached(dp->m, i, dp->used[i] > 0.0f);
+    return r;
+}
+
 dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
     if (!dp) return DTR_NULL_HANDLE;
     if (!dp->param_bucket || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    if (!dp->used) dtr__model_reach_all(dp->m);   /* the averages: every replica updates every parameter alike */
     dtr__dp_relayout(dp);   /* no gradient reached the hook */
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
@@ -427,6 +450,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && !dp->z; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
     if (r == DTR_OK && w == DTR_OK) w = dtr__dp_unstage_grads(dp);
+    if (r == DTR_OK && w == DTR_OK && dp->used) w = dtr__dp_find_unused(dp);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;

@@ -29,6 +29,9 @@ struct dtr_model {
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
+    uint32_t zero_pass;         /* the context's backward pass at the last zero_grad: a parameter whose
+                                   gradient a later pass wrote was reached since (dtr__model_unreached) */
+    int reached_all;            /* since that zero_grad, every parameter counts as reached (dtr__model_reach_all) */
     int64_t grad_lo, grad_hi;
     /* buffers (dtr_model_buffer): state that is not trained, in a block of their own */
     dtr_tensor **bufs;
@@ -365,6 +368,7 @@ dtr_result dtr_model_build(dtr_model *m) {
         return ctx->status;
     }
     m->built = 1;
+    m->zero_pass = m->ctx->backward_pass;
     return DTR_OK;
 }
 
@@ -630,6 +634,7 @@ static dtr_result dtr__zero_grad_runs(dtr_model *m) {
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
+    m->zero_pass = m->ctx->backward_pass, m->reached_all = 0;
     if (m->grad_sharded && dtr__host_memory(m->ctx)) {   /* ZeRO-3: outside the shard, memory back to the system */
         dtr__mem_discard(&m->ctx->alloc, m->grad, m->grad_lo, 0.0f);
         dtr__mem_discard(&m->ctx->alloc, m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
@@ -638,6 +643,23 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
+
+/* 1 when a backward pass after the last zero_grad wrote parameter t's gradient */
+static int dtr__param_reached(const dtr_model *m, const dtr_tensor *t) { return (int32_t)(t->grad_pass - m->zero_pass) > 0; }
+
+int dtr__model_unreached(const dtr_model *m, unsigned char *skip) {
+    int i, n = 0, any = 0;
+    for (i = 0; i < m->count; i++) any |= dtr__param_reached(m, m->params[i]);
+    for (i = 0; i < m->count; i++) {
+        skip[i] = (unsigned char)(any && !m->reached_all && dtr_model_param_trainable(m, i) && !dtr__param_reached(m, m->params[i]));
+        n += skip[i];
+    }
+    return n;
+}
+
+void dtr__model_reach_all(dtr_model *m) { if (m) m->reached_all = 1; }
+
+void dtr__model_set_reached(dtr_model *m, int i, int reached) { m->params[i]->grad_pass = m->zero_pass + (reached ? 1u : 0u); }
 
 /* ---- save and load (safetensors) ---- */
 

@@ -35,9 +35,12 @@ struct dtr_optimizer {
     int nbuf;                 /* the moment buffers its kind keeps: 0, 1 (m) or 2 (m, v) */
     unsigned char *decays;    /* per parameter, 1 when it takes weight decay (cfg's no_decay read at create) */
     float *lr_scales;         /* per parameter, its learning rate's multiplier (cfg's lr_groups read at create) */
-    int64_t *started;         /* per parameter, the update count when its state started (-1: frozen,
-                                 none): its bias correction and first step count from there, as
-                                 torch.optim counts a step per parameter */
+    unsigned char *skip;      /* per parameter, 1 when the update under way leaves it out: no backward reached it */
+    int split;                /* the map's runs split on skip (the last update left parameters out) */
+    int64_t *started;         /* per parameter, the update count when its state started, moved on by
+                                 each update that left it out (-1: frozen, none): steps - started
+                                 is its own count, as torch.optim counts a step per parameter (its
+                                 bias correction, its first momentum step) */
     int some_no_decay;        /* some parameter does not */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
     dtr__state_map map;
@@ -172,10 +175,11 @@ static int dtr__decays(const dtr_model *m, const dtr_optimizer_config *cfg, int 
     return !(cfg->n_no_decay > 0 && cfg->no_decay && dtr__name_matches(dtr_tensor_name(t), cfg->no_decay, cfg->n_no_decay));
 }
 
-/* Parameters i and j share a run of state: both trainable, alike in decay, learning rate and start. */
+/* Parameters i and j share a run of state: both trainable, alike in decay, learning rate and
+   start, and both in the update under way or both out of it. */
 static int dtr__same_run(const dtr_optimizer *o, int i, int j) {
     return dtr_model_param_trainable(o->model, j) && o->decays[j] == o->decays[i] && o->started[j] == o->started[i] &&
-           o->lr_scales[j] == o->lr_scales[i];
+           o->lr_scales[j] == o->lr_scales[i] && o->skip[j] == o->skip[i];
 }
 
 /* map's runs: consecutive trainable parameters alike in decay, learning rate and start (from the first one's
@@ -295,7 +299,8 @@ static dtr_result dtr__param_flags(dtr_optimizer *o) {
     o->decays = (unsigned char *)dtr__malloc(&ctx->alloc, (size_t)np + 1);
     o->started = (int64_t *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(int64_t));
     o->lr_scales = (float *)dtr__malloc(&ctx->alloc, ((size_t)np + 1) * sizeof(float));
-    if (!o->decays || !o->started || !o->lr_scales) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->skip = (unsigned char *)dtr__calloc(&ctx->alloc, (size_t)np + 1);
+    if (!o->decays || !o->started || !o->lr_scales || !o->skip) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->started[np] = -1;
     for (i = 0; i < np; i++) {
         o->started[i] = -1;
@@ -394,6 +399,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     dtr__free(&ctx->alloc, o->decays);
     dtr__free(&ctx->alloc, o->started);
     dtr__free(&ctx->alloc, o->lr_scales);
+    dtr__free(&ctx->alloc, o->skip);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -607,6 +613,7 @@ static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
     dtr_result r = v ? DTR_OK : DTR_OUT_OF_MEMORY;
     int64_t i;
     for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        if (o->skip[o->map.first[k]]) continue;
         dtr__run_args(o, a, k);
         a->lr = 0.0f, a->begin = 0, a->n = o->map.hi[k] - o->map.lo[k];
         r = ctx->backend->optimizer_update(ctx, a);
@@ -618,6 +625,7 @@ static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
     }
     if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
     for (k = 0; k < o->map.n && r == DTR_OK; k++) {
+        if (o->skip[o->map.first[k]]) continue;
         dtr__run_args(o, a, k);
         for (s = o->run_seg[k]; s < o->run_seg[k + 1]; s++) {
             double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
@@ -641,12 +649,31 @@ static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t b
     }
     for (k = 0; k < o->map.n && r == DTR_OK; k++) {
         int64_t lo = o->map.lo[k], rb = lo > begin ? lo : begin, re = o->map.hi[k] < end ? o->map.hi[k] : end;
-        if (rb >= re) continue;
+        if (rb >= re || o->skip[o->map.first[k]]) continue;
         dtr__run_args(o, a, k);
         a->begin = rb - lo, a->n = re - lo;
         r = ctx->backend->optimizer_update(ctx, a);
     }
     return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+}
+
+/* o->skip for the update under way: the trainable parameters no backward reached since the
+   last zero_grad, which torch.optim leaves out (their .grad is None); the runs split there */
+static void dtr__mark_skips(dtr_optimizer *o) {
+    int n = dtr__model_unreached(o->model, o->skip);
+    if (n > 0 || o->split) {
+        dtr__map_fill(o, &o->map);
+        if (o->run_seg) dtr__lamb_segments(o);
+    }
+    o->split = n > 0;
+}
+
+/* after an update: the parameters it left out hold their own update count (their start moves
+   with the optimizer's count), as torch.optim's state["step"] */
+static void dtr__hold_skipped(dtr_optimizer *o) {
+    int i;
+    for (i = 0; o->split && i < dtr_model_param_count(o->model); i++)
+        if (o->skip[i] && o->started[i] >= 0) o->started[i]++;
 }
 
 /* one update (the micro-batch count reached grad_accum_steps) */
@@ -658,6 +685,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     int skip;
     o->micro = 0;
     if ((r = dtr__layout(o)) != DTR_OK) return r;
+    dtr__mark_skips(o);
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
     a.begin = begin - o->base;   /* the kernel sees the optimizer's floats, state-aligned */
@@ -690,6 +718,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     }
     if (ctx->obs) dtr__obs_optimizer(ctx->obs, a.lr, norm);
     if ((r = dtr__update_runs(o, &a, begin, end)) != DTR_OK) return r;
+    dtr__hold_skipped(o);
     o->steps++;
     if (updated) *updated = 1;
     return o->keep_grads ? DTR_OK : dtr_model_zero_grad(o->model);

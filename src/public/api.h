@@ -966,7 +966,9 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
- *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Call it alike on every rank's model (data-parallel ranks,
+ *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Freezing gives a
+ *  parameter's optimizer state up (PyTorch keeps it); to pause one and keep its state, leave it
+ *  trainable and out of the loss: an update leaves out what no backward reached. Call it alike on every rank's model (data-parallel ranks,
  *  parameter servers, stages). A checkpoint restores with the trainable set it was saved with.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
@@ -1632,10 +1634,13 @@ typedef struct dtr_optimizer dtr_optimizer;
 DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
 DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
 /** One call per micro-batch after dtr_backward. Applies an update (clipping and schedule
- *  included) once every grad_accum_steps calls, then zeroes the gradients. Every trainable
- *  parameter is updated, also one the step's backward did not reach: its gradient is zero, and
- *  momentum, Adam's moments and weight decay still move it (PyTorch skips a parameter whose
- *  .grad is None); freeze what a phase does not train (dtr_model_set_trainable).
+ *  included) once every grad_accum_steps calls, then zeroes the gradients. As torch.optim
+ *  leaves out a parameter whose .grad is None, the update leaves out a trainable parameter no
+ *  dtr_backward since the last dtr_model_zero_grad reached (a branch the step did not take, a
+ *  task head another batch uses): its values, moments and update count stay as they are,
+ *  weight decay included. Gradients written without a backward (by hand, a parameter server's)
+ *  update every trainable parameter; so does data parallelism on every replica unless
+ *  dtr_dp_config.find_unused leaves out those no rank reached.
  *  @param updated  set to 1 when parameters changed (may be NULL).
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_optimizer_step(dtr_optimizer *opt, int *updated);
@@ -1687,7 +1692,8 @@ DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, i
  *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
  *  (the trainable floats of its range each, see dtr_optimizer_moments; device memory on a
  *  device backend), and last "started" (int64 per parameter: the update count its state started
- *  at, -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
+ *  at, moved on by every update that left it out, so that "steps" minus it is the parameter's
+ *  own update count; -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
  *  the model's trainable set). dtr_ckpt restores a checkpoint written before "started" existed
  *  with every trainable parameter started at 0.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's

@@ -311,6 +311,12 @@ typedef struct dtr_dp_config {
                                 between steps and, during backward, those of the buckets not yet sent (host
                                 models, Linux; page faults when backward writes them again). 0 (default): the
                                 whole gradient buffer stays resident. Other stages: DTR_INVALID_ARGUMENT */
+    int find_unused;       /**< 1: parameters no rank's backward reached since the last zero_grad are
+                                left out of the optimizer's update, as in one process (their .grad
+                                None in PyTorch; DDP's find_unused_parameters): one more all-reduce,
+                                of a flag a parameter, in each dtr_dp_finish. 0 (default): every
+                                replica updates every trainable parameter with the averaged
+                                gradient (zero where no rank reached it) */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -370,7 +376,8 @@ DTR_API void dtr_dp_destroy(dtr_dp *dp);
  *  context's status is not touched). */
 DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
 /** Ends a step's communication: starts the buckets that backward did not start (parameters
- *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
+ *  the pass did not reach) and waits for all of them (with cfg.find_unused, then sums over the
+ *  group which parameters some rank's backward reached: the optimizer leaves out the others). Afterwards the gradient buffer holds
  *  the average over the ranks of their gradients, identical bits on every rank (with a
  *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
  *  here; with ZeRO-2: only this rank's shard holds the average, summed in rank order, the
