@@ -4992,6 +4992,19 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
                   const float *A, int64_t rsa, int64_t csa,
                   const float *B, int64_t rsb, int64_t csb,
                   float beta, float *C, int64_t ldc);
+/** A producer of B for dtr__gemm_on_gen: writes B (kb, nb) from row k0 and column j0 as
+ *  nr-wide panels, as dtr__gemm packs them (panel p: dst[p*nr*kb + k*nr + j] = B(k0 + k,
+ *  j0 + p*nr + j), the columns past nb zero): an operand made on the fly (a convolution's
+ *  columns from its image) in place of one read from memory. kb <= DTR__GEMM_MAX_KC, nr <= 32. */
+typedef void (*dtr__gemm_bgen)(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst);
+#define DTR__GEMM_MAX_KC 256
+/** dtr__gemm_on with B (K, N) from `gen`, block by block: the bits of dtr__gemm_on over the B
+ *  it makes (never through cblas). */
+void dtr__gemm_on_gen(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                      int64_t csa, dtr__gemm_bgen gen, void *user, float beta, float *C, int64_t ldc);
+/** Packs B (kb, nb) (strides as dtr__gemm's) into the running kernel's panels at dst, as
+ *  dtr__gemm does: for a producer that makes a block of B first (a transposed operand). */
+void dtr__gemm_pack_panels(const float *B, int64_t rsb, int64_t csb, int64_t kb, int64_t nb, float *dst);
 /** Name of the GEMM kernel picked at run time ("avx512", "avx2", "neon", "generic", "cblas"). */
 const char *dtr__gemm_kernel_name(void);
 /** Forces the GEMM kernel by name (tests run each one the CPU has); NULL goes back to the
@@ -5857,7 +5870,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5861 "dtrain.h"
+#line 5874 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6355,7 +6368,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6359 "dtrain.h"
+#line 6372 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6417,7 +6430,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6421 "dtrain.h"
+#line 6434 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6797,7 +6810,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6801 "dtrain.h"
+#line 6814 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6840,7 +6853,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6844 "dtrain.h"
+#line 6857 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6877,7 +6890,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6881 "dtrain.h"
+#line 6894 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6936,7 +6949,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6940 "dtrain.h"
+#line 6953 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7010,7 +7023,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7014 "dtrain.h"
+#line 7027 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7078,7 +7091,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7082 "dtrain.h"
+#line 7095 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7153,7 +7166,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7157 "dtrain.h"
+#line 7170 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7505,7 +7518,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7509 "dtrain.h"
+#line 7522 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8192,6 +8205,8 @@ typedef struct dtr__gemm_job {
     const float *B; int64_t rsb, csb;
     float *C; int64_t ldc;
     const float *bpre;          /* B packed ahead (dtr__gemm_bpack), or NULL: packed per block */
+    dtr__gemm_bgen bgen;        /* B made per block by this producer (B NULL), or NULL */
+    void *bgen_user;
     int split_n;                /* work units: NR-column panels (1) or MR-row panels (0) */
     dtr__pool *pool;            /* NULL: a private buffer of the exact size */
 } dtr__gemm_job;
@@ -8223,7 +8238,8 @@ static void dtr__gemm_slab(const dtr__gemm_job *j, int64_t m0, int64_t m1, int64
             int load_c = pc > 0 || j->beta != 0.0f;
             float beta = pc > 0 ? 1.0f : j->beta;
             const float *bblock = j->bpre ? j->bpre + pc * dtr__gemm_ceil(j->N, kn->nr) * kn->nr + jc * kb : bpack;
-            if (!j->bpre) kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
+            if (j->bgen) j->bgen(j->bgen_user, pc, kb, jc, nb, kn->nr, bpack);
+            else if (!j->bpre) kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
             for (ic = m0; ic < m1; ic += j->mc) {
                 int64_t mb = dtr__gemm_min64(j->mc, m1 - ic);
                 kn->pack_a(j->A + ic * j->rsa + pc * j->csa, j->rsa, j->csa, mb, kb, kn->mr, apack);
@@ -8350,7 +8366,7 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
         return 0;
     }
 #ifdef DTR_USE_CBLAS
-    if (dtr__gemm_cblas(M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return 0;
+    if (B && dtr__gemm_cblas(M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return 0;
 #endif
     kn = dtr__gemm_pick();
     memset(j, 0, sizeof(*j));
@@ -8367,6 +8383,21 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
     return 1;
 }
 
+/** The triple loop of a job whose B a producer makes, an element at a time (a one-column
+ *  panel): without packing memory, slow and never wrong. */
+static void dtr__gemm_naive_gen(const dtr__gemm_job *j) {
+    int64_t i, c, k;
+    for (i = 0; i < j->M; i++)
+        for (c = 0; c < j->N; c++) {
+            float acc = 0.0f, b, *ci = j->C + i * j->ldc + c;
+            for (k = 0; k < j->K; k++) {
+                j->bgen(j->bgen_user, k, 1, c, 1, 1, &b);
+                acc += j->A[i * j->rsa + k * j->csa] * b;
+            }
+            *ci = j->beta == 0.0f ? j->alpha * acc : j->alpha * acc + j->beta * *ci;
+        }
+}
+
 /** Runs the whole job on the calling thread with a buffer of its own (the exact size), or
  *  the triple loop when that cannot be allocated. */
 static void dtr__gemm_serial_private(dtr__gemm_job *j) {
@@ -8376,6 +8407,10 @@ static void dtr__gemm_serial_private(dtr__gemm_job *j) {
     j->pool = NULL;
     floats = dtr__gemm_buf_floats(j, 1, &a_floats);
     raw = dtr__malloc(NULL, floats * sizeof(float) + 64);
+    if (!raw && j->bgen) {
+        dtr__gemm_naive_gen(j);
+        return;
+    }
     if (!raw) {
         dtr__gemm_naive(j->M, j->N, j->K, j->alpha, j->A, j->rsa, j->csa, j->B, j->rsb, j->csb,
                         j->beta, j->C, j->ldc);
@@ -8447,6 +8482,19 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run_on(p, worker, &j);
 }
 
+void dtr__gemm_on_gen(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                      int64_t csa, dtr__gemm_bgen gen, void *user, float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (!dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, NULL, 0, 0, beta, C, ldc)) return;
+    j.bgen = gen, j.bgen_user = user;
+    dtr__gemm_run_on(p, worker, &j);
+}
+
+void dtr__gemm_pack_panels(const float *B, int64_t rsb, int64_t csb, int64_t kb, int64_t nb, float *dst) {
+    const dtr__gemm_kernel *kn = dtr__gemm_pick();
+    kn->pack_b(B, rsb, csb, kb, nb, kn->nr, dst);
+}
+
 size_t dtr__gemm_bpack_floats(int64_t K, int64_t N) {
     const dtr__gemm_kernel *kn = dtr__gemm_pick();
     return (size_t)(K > 0 ? K : 0) * (size_t)(dtr__gemm_ceil(N > 0 ? N : 0, kn->nr) * kn->nr);
@@ -8468,7 +8516,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8472 "dtrain.h"
+#line 8520 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9143,7 +9191,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9147 "dtrain.h"
+#line 9195 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9234,7 +9282,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9238 "dtrain.h"
+#line 9286 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9716,7 +9764,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9720 "dtrain.h"
+#line 9768 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9972,7 +10020,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9976 "dtrain.h"
+#line 10024 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10205,7 +10253,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10209 "dtrain.h"
+#line 10257 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10324,7 +10372,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10328 "dtrain.h"
+#line 10376 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10380,7 +10428,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10384 "dtrain.h"
+#line 10432 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10809,7 +10857,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 10813 "dtrain.h"
+#line 10861 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11074,7 +11122,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11078 "dtrain.h"
+#line 11126 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11638,7 +11686,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11642 "dtrain.h"
+#line 11690 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11820,7 +11868,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11824 "dtrain.h"
+#line 11872 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13450,17 +13498,18 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13454 "dtrain.h"
+#line 13502 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
 /* ============================================================================
  * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C / G, KH, KW),
  * y (N, O, Ho, Wo) with Ho = (H + 2 PH - DH (KH - 1) - 1) / SH + 1 (stride S, padding P,
- * dilation D per axis, G groups; Wo alike). Convolution is im2col + GEMM: the column matrix
- * of sample n is (C*KH*KW, Ho*Wo), group g's rows a block of it (C/G*KH*KW rows), kept for the
- * backward pass when the op is recorded on the tape; otherwise (inference, frozen layers) each
- * worker reuses one. A depthwise convolution (groups = C = O) runs direct loops over each plane
+ * dilation D per axis, G groups; Wo alike). Convolution is a GEMM over the column matrix of
+ * sample n, (C*KH*KW, Ho*Wo) (group g's rows a block of it, C/G*KH*KW rows), which is never
+ * stored: the GEMM's packing makes each block of it from the image as it goes (implicit GEMM:
+ * dtr__gemm_on_gen), in forward and, transposed, for the weight's gradient; the input's
+ * gradient is col2im of a column matrix per worker. A depthwise convolution (groups = C = O) runs direct loops over each plane
  * instead (no columns: its products are too thin for GEMMs). 1-D convolution is the 2-D one over
  * (N, C, 1, L).
  * ==========================================================================*/
@@ -13475,25 +13524,6 @@ typedef struct dtr__conv_geom {
     int64_t N, C, H, W, O, KH, KW, Ho, Wo;
     int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
-
-/* Reference loops: any stride and padding. */
-static void dtr__im2col_ref(const dtr__conv_geom *g, const float *x, float *col) {
-    int64_t c, ki, kj, oi, oj;
-    for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->KH; ki++)
-            for (kj = 0; kj < g->KW; kj++) {
-                float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
-                    float *r = row + oi * g->Wo;
-                    if (ii < 0 || ii >= g->H) { for (oj = 0; oj < g->Wo; oj++) r[oj] = 0.0f; continue; }
-                    for (oj = 0; oj < g->Wo; oj++) {
-                        int64_t jj = oj * g->SW - g->PW + kj * g->DW;
-                        r[oj] = (jj >= 0 && jj < g->W) ? x[(c * g->H + ii) * g->W + jj] : 0.0f;
-                    }
-                }
-            }
-}
 
 static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float *gx) {
     int64_t c, ki, kj, oi, oj;
@@ -13553,23 +13583,25 @@ static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     for (; i < n; i++) d[i] += w * s[i];
 }
 
-static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
-    int64_t c, ki, kj, oi, oj, j0, j1;
-    if (g->SW != 1) { dtr__im2col_ref(g, x, col); return; }
-    for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->KH; ki++)
-            for (kj = 0; kj < g->KW; kj++) {
-                float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                dtr__conv_valid_cols(g, kj, &j0, &j1);
-                for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
-                    float *r = row + oi * g->Wo;
-                    if (ii < 0 || ii >= g->H) { memset(r, 0, (size_t)g->Wo * sizeof(float)); continue; }
-                    for (oj = 0; oj < j0; oj++) r[oj] = 0.0f;
-                    if (j1 > j0) dtr__conv_copy(r + j0, x + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW), j1 - j0);
-                    for (oj = j1; oj < g->Wo; oj++) r[oj] = 0.0f;
-                }
-            }
+/* Row k of the columns (tap k: channel k / (KH KW) of img, kernel row ki, column kj) at the
+ * output pixels [j, j + n) into d: zeros where the tap falls into the padding, else the
+ * image's values (with stride 1 along the width a run of the input row copied). */
+static void dtr__conv_col_run(const dtr__conv_geom *g, const float *img, int64_t k, int64_t j, int64_t n, float *d) {
+    int64_t kk = g->KH * g->KW, ki = k % kk / g->KW, kj = k % g->KW, oi = j / g->Wo, oj = j % g->Wo, j0, j1;
+    int64_t off = kj * g->DW - g->PW;   /* the input column of output column o: o SW + off */
+    const float *plane = img + k / kk * g->H * g->W;
+    dtr__conv_valid_cols(g, kj, &j0, &j1);
+    while (n > 0) {
+        int64_t m = n < g->Wo - oj ? n : g->Wo - oj, ii = oi * g->SH - g->PH + ki * g->DH;
+        int64_t a = oj > j0 ? oj : j0, b = oj + m < j1 ? oj + m : j1, o;
+        const float *row = plane + (ii >= 0 && ii < g->H ? ii : 0) * g->W;
+        if (ii < 0 || ii >= g->H || b <= a) a = b = oj;
+        for (o = oj; o < a; o++) d[o - oj] = 0.0f;
+        if (g->SW == 1 && b > a) dtr__conv_copy(d + (a - oj), row + a + off, b - a);
+        else for (o = a; o < b; o++) d[o - oj] = row[o * g->SW + off];
+        for (o = b; o < oj + m; o++) d[o - oj] = 0.0f;
+        d += m, n -= m, oj = 0, oi++;
+    }
 }
 
 static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
@@ -13773,8 +13805,7 @@ typedef struct {
     float *prod;           /* W col written: filled with bias (or 0) first, or added to (accumulate) */
     const float *bias;     /* (O) for prod, or NULL */
     int accumulate;
-    float *col;            /* the columns: one matrix per sample (keep_cols) or per worker */
-    int keep_cols;
+    float *tmp;            /* per worker, DTR__CONV_TMP floats: the weight gradient's taps as rows */
     const float *gprod;    /* (N, O, P) read by the weight gradient and by W^T (col2im) */
     float *gimg;           /* col2im's target (added to) */
     float *gcol;           /* per-worker column buffers of the W^T products */
@@ -13792,20 +13823,61 @@ static void dtr__conv_fill(float *y, int64_t n, float v) {
     for (; i < n; i++) y[i] = v;
 }
 
-/* columns of the image, then prod = W col, per sample */
+/* The columns of one group of one sample as a GEMM operand made on the fly (dtr__gemm_bgen):
+   B (taps, pixels) in forward, B (pixels, taps from t0) transposed for the weight gradient */
+typedef struct dtr__conv_cols {
+    const dtr__conv_geom *g;
+    const float *img;      /* the group's first channel of the sample's image */
+    int64_t t0;            /* transposed: the first tap */
+    float *tmp;            /* transposed: room for 32 taps of DTR__GEMM_MAX_KC pixels */
+} dtr__conv_cols;
+
+#define DTR__CONV_TMP (32 * DTR__GEMM_MAX_KC)
+
+/* B(k, j) = row k of the columns at pixel j: each panel row a run of pixels */
+static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+    const dtr__conv_cols *u = (const dtr__conv_cols *)user;
+    int64_t p, k, c;
+    for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
+        int64_t cols = nb - p < nr ? nb - p : nr;
+        for (k = 0; k < kb; k++) {
+            dtr__conv_col_run(u->g, u->img, k0 + k, j0 + p, cols, dst + k * nr);
+            for (c = cols; c < nr; c++) dst[k * nr + c] = 0.0f;
+        }
+    }
+}
+
+/* B(k, j) = row t0 + j of the columns at pixel k: a panel's taps made as rows into tmp, then
+   packed across as the GEMM packs a transposed operand (one-column panels: the GEMM's
+   fallback without memory, element by element) */
+static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+    const dtr__conv_cols *u = (const dtr__conv_cols *)user;
+    int64_t p, t;
+    for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
+        int64_t cols = nb - p < nr ? nb - p : nr;
+        for (t = 0; t < cols; t++) dtr__conv_col_run(u->g, u->img, u->t0 + j0 + p + t, k0, kb, u->tmp + t * kb);
+        if (nr > 1) dtr__gemm_pack_panels(u->tmp, 1, kb, kb, cols, dst);
+        else for (t = 0; t < kb; t++) dst[t] = u->tmp[t];
+    }
+}
+
+/* prod = W col, per sample, the columns made as the GEMM packs them */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
+    dtr__conv_cols u;
+    memset(&u, 0, sizeof u);
+    u.g = g;
     for (n = b; n < e; n++) {
-        float *col = j->col + (j->keep_cols ? n : worker) * g->G * ckk * P, *y = j->prod ? j->prod + n * g->O * P : NULL;
-        dtr__im2col(g, j->img + n * g->C * g->H * g->W, col);
-        if (!y) continue;
+        float *y = j->prod + n * g->O * P;
         if (!j->accumulate)
             for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
-        for (q = 0; q < g->G; q++)   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
-            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
-                         y + q * og * P, P);
+        for (q = 0; q < g->G; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
+            u.img = j->img + (n * g->C + q * (g->C / g->G)) * g->H * g->W;
+            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, dtr__conv_gen, &u, 1.0f,
+                             y + q * og * P, P);
+        }
     }
 }
 
@@ -13816,10 +13888,9 @@ static void dtr__conv_job_of(dtr_context *ctx, const dtr__node *nd, dtr__conv_jo
     j->w = dtr__f32(nd->in[1]);
 }
 
-/* columns for n samples (keep) or one matrix per worker, in the node's saved block or the arena */
-static float *dtr__conv_cols(dtr_context *ctx, dtr__node *nd, const dtr__conv_job *j, int keep) {
-    size_t n = (size_t)(keep ? j->g.N : dtr__pool_threads(ctx->pool)) * (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo);
-    return (float *)(nd ? dtr__node_save(ctx, nd, n * sizeof(float)) : dtr__arena_data(ctx, n * sizeof(float), "dtr_conv columns"));
+/* `per` floats for each worker of the pool, from the arena (NULL: the context's error) */
+static float *dtr__conv_scratch(dtr_context *ctx, size_t per) {
+    return (float *)dtr__arena_data(ctx, (size_t)dtr__pool_threads(ctx->pool) * per * sizeof(float), "dtr_conv columns");
 }
 
 /* Sum of x[0..n) in a fixed order: 8 running sums (element i goes to sum i mod 8, which
@@ -13924,9 +13995,6 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
         return DTR_OK;
     }
-    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
-    j.keep_cols = nd->taped;
-    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     return DTR_OK;
 }
@@ -13936,20 +14004,27 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
  * (rows; every worker packs all columns of each sample) or, when there are fewer output
  * channels than ckk, a range of columns of every group's block (every worker packs the
  * smaller gy instead). The bias rows are split in proportion to the units. */
-static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, int64_t b, int64_t e) {
+static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *img, int64_t b, int64_t e) {
     const dtr__conv_geom *g = &j->g;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, q, o0, o1;
+    dtr__conv_cols u;
+    u.g = g;
+    u.tmp = j->tmp + (int64_t)worker * DTR__CONV_TMP;
     for (q = 0; q < g->G; q++) {
-        const float *gq = gy + q * og * P, *cq = col + q * ckk * P;
+        const float *gq = gy + q * og * P;
         float *wq = j->gw + q * og * ckk;
+        u.img = img + q * (g->C / g->G) * g->H * g->W;
         if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
-            dtr__gemm_on(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, cq + b * P, 1, P, 1.0f, wq + b, ckk);
+            u.t0 = b;
+            dtr__gemm_on_gen(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, dtr__conv_gen_t, &u, 1.0f, wq + b, ckk);
             continue;
         }
         o0 = b > q * og ? b - q * og : 0;   /* this group's rows of [b, e) */
         o1 = e < (q + 1) * og ? e - q * og : og;
+        u.t0 = 0;
         if (o1 > o0)   /* dW[q][o0:o1] (o1-o0, ckk) += gy[q][o0:o1] (o1-o0, P) col[q]^T (P, ckk) */
-            dtr__gemm_on(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, cq, 1, P, 1.0f, wq + o0 * ckk, ckk);
+            dtr__gemm_on_gen(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, dtr__conv_gen_t, &u, 1.0f,
+                             wq + o0 * ckk, ckk);
     }
 }
 
@@ -13960,16 +14035,19 @@ static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
     for (n = 0; n < g->N; n++) {
         const float *gy = j->gprod + n * g->O * P;
-        if (j->gw) dtr__conv_bwd_w_sample(j, worker, gy, j->col + n * g->G * ckk * P, b, e);
+        if (j->gw) dtr__conv_bwd_w_sample(j, worker, gy, j->img + n * g->C * g->H * g->W, b, e);
         if (j->gb)
             for (o = o0; o < o1; o++) j->gb[o] += dtr__conv_sum(gy + o * P, P);
     }
 }
 
-static void dtr__conv_run_w(dtr__conv_job *j) {
+/* dW and db over the pool (the columns of j->img made per worker in j->tmp) */
+static dtr_result dtr__conv_run_w(dtr_context *ctx, dtr__conv_job *j) {
     int64_t ckk = j->g.C / j->g.G * j->g.KH * j->g.KW;
+    if (j->gw && !(j->tmp = dtr__conv_scratch(ctx, DTR__CONV_TMP))) return ctx->status;
     j->split_cols = j->g.O < ckk;
     dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, j);
+    return DTR_OK;
 }
 
 /* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
@@ -13987,7 +14065,7 @@ static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
 }
 
 static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
-    if (!(j->gcol = dtr__conv_cols(ctx, NULL, j, 0))) return ctx->status;
+    if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo)))) return ctx->status;
     dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
     return DTR_OK;
 }
@@ -14008,10 +14086,10 @@ dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job_of(ctx, nd, &j);
     if (dtr__conv_depthwise(&j.g)) return dtr__dw_bwd(ctx, nd, &j);
     j.gprod = nd->out->grad;
-    j.col = (float *)nd->saved;
+    j.img = dtr__f32(nd->in[0]);
     j.gw = dtr__gradof(nd->in[1]);
     j.gb = dtr__gradof(nd->in[2]);
-    if (j.gw || j.gb) dtr__conv_run_w(&j);
+    if ((j.gw || j.gb) && dtr__conv_run_w(ctx, &j) != DTR_OK) return ctx->status;
     j.gimg = dtr__gradof(nd->in[0]);
     return j.gimg ? dtr__conv_run_x(ctx, &j) : DTR_OK;
 }
@@ -14052,14 +14130,10 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
     j.gb = NULL;
     j.prod = dtr__gradof(nd->in[0]);
     j.accumulate = 1;
-    if (!j.prod && !j.gw) return DTR_OK;
-    j.keep_cols = j.gw != NULL;   /* the weight's gradient reads every sample's columns */
-    if (!(j.col = dtr__conv_cols(ctx, NULL, &j, j.keep_cols))) return ctx->status;
-    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    if (j.prod) dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     if (!j.gw) return DTR_OK;
     j.gprod = dtr__f32(nd->in[0]);
-    dtr__conv_run_w(&j);
-    return DTR_OK;
+    return dtr__conv_run_w(ctx, &j);
 }
 
 /* ---- pooling ---- */
@@ -14357,7 +14431,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14361 "dtrain.h"
+#line 14435 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14619,7 +14693,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14623 "dtrain.h"
+#line 14697 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15020,7 +15094,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15024 "dtrain.h"
+#line 15098 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15154,7 +15228,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15158 "dtrain.h"
+#line 15232 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16051,7 +16125,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16055 "dtrain.h"
+#line 16129 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16517,7 +16591,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16521 "dtrain.h"
+#line 16595 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16793,7 +16867,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16797 "dtrain.h"
+#line 16871 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17030,7 +17104,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17034 "dtrain.h"
+#line 17108 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17323,7 +17397,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17327 "dtrain.h"
+#line 17401 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18182,7 +18256,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18186 "dtrain.h"
+#line 18260 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18320,7 +18394,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18324 "dtrain.h"
+#line 18398 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18667,7 +18741,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18671 "dtrain.h"
+#line 18745 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18733,7 +18807,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18737 "dtrain.h"
+#line 18811 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -18970,7 +19044,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 18974 "dtrain.h"
+#line 19048 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19719,7 +19793,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19723 "dtrain.h"
+#line 19797 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20172,7 +20246,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20176 "dtrain.h"
+#line 20250 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20228,7 +20302,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20232 "dtrain.h"
+#line 20306 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21070,7 +21144,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21074 "dtrain.h"
+#line 21148 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21651,7 +21725,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21655 "dtrain.h"
+#line 21729 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22282,7 +22356,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22286 "dtrain.h"
+#line 22360 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23078,7 +23152,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23082 "dtrain.h"
+#line 23156 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23431,7 +23505,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23435 "dtrain.h"
+#line 23509 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23621,7 +23695,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23625 "dtrain.h"
+#line 23699 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23802,7 +23876,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23806 "dtrain.h"
+#line 23880 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24577,7 +24651,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24581 "dtrain.h"
+#line 24655 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25094,7 +25168,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25098 "dtrain.h"
+#line 25172 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25889,7 +25963,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25893 "dtrain.h"
+#line 25967 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27137,7 +27211,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27141 "dtrain.h"
+#line 27215 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27759,7 +27833,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27763 "dtrain.h"
+#line 27837 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28260,7 +28334,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28264 "dtrain.h"
+#line 28338 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -28990,7 +29064,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 28994 "dtrain.h"
+#line 29068 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29226,7 +29300,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29230 "dtrain.h"
+#line 29304 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29355,7 +29429,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29359 "dtrain.h"
+#line 29433 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29805,7 +29879,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29809 "dtrain.h"
+#line 29883 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30298,7 +30372,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30302 "dtrain.h"
+#line 30376 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30913,7 +30987,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30917 "dtrain.h"
+#line 30991 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31419,7 +31493,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31423 "dtrain.h"
+#line 31497 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -32971,7 +33045,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 32975 "dtrain.h"
+#line 33049 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33025,7 +33099,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33029 "dtrain.h"
+#line 33103 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34222,7 +34296,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34226 "dtrain.h"
+#line 34300 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35125,7 +35199,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35129 "dtrain.h"
+#line 35203 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36603,7 +36677,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36607 "dtrain.h"
+#line 36681 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -36996,7 +37070,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37000 "dtrain.h"
+#line 37074 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37145,7 +37219,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37149 "dtrain.h"
+#line 37223 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

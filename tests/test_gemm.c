@@ -4,7 +4,8 @@
  * beta = 0 over NaN, bitwise identical results for 1, 2, 3 and 4 threads (a project rule:
  * the reduction order of every element is independent of the thread count), and no
  * allocation-callback call once the pool's scratch has grown; dtr__gemm_on (the serial
- * product of a pool task) and dtr__gemm_packed (B packed ahead) match dtr__gemm bitwise.
+ * product of a pool task) and dtr__gemm_packed (B packed ahead) match dtr__gemm bitwise, and
+ * dtr__gemm_on_gen (B made by a producer block by block) matches dtr__gemm_on bitwise.
  *
  * The GEMM cases run once for each kernel this CPU has (avx512, avx2, neon, generic), forced
  * with dtr__gemm_force. */
@@ -484,6 +485,53 @@ static void test_gemm_packed(void) {
     }
 }
 
+/* a B (K, N) stored with strides, made block by block as a producer (dtr__gemm_bgen) makes it:
+   through the kernel's own packing (dtr__gemm_pack_panels), or element by element */
+typedef struct tg_bgen { const float *B; int64_t rsb, csb; int calls, own; } tg_bgen;
+
+static void tg_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+    tg_bgen *u = (tg_bgen *)user;
+    int64_t p, k, j;
+    u->calls++;
+    if (u->own) { dtr__gemm_pack_panels(u->B + k0 * u->rsb + j0 * u->csb, u->rsb, u->csb, kb, nb, dst); return; }
+    for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb)
+        for (k = 0; k < kb; k++)
+            for (j = 0; j < nr; j++) dst[k * nr + j] = p + j < nb ? u->B[(k0 + k) * u->rsb + (j0 + p + j) * u->csb] : 0.0f;
+}
+
+/* dtr__gemm_on_gen (a convolution's columns made as the product packs them) gives dtr__gemm_on's
+   bits over the B it makes: B as stored or transposed, K past one K block, N past one N block,
+   beta 0 and 1, a pool's worker and no pool, panels made by hand or by the kernel's packing */
+static void test_gemm_on_gen(void) {
+    static const int64_t shapes[][3] = {{64, 3136, 576}, {7, 1031, 700}, {33, 40, 9}, {1, 17, 3}};
+    size_t i;
+    for (i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+        float *A = tg_alloc_rand(M * K), *B = tg_alloc_rand(K * N), *C0 = tg_alloc_rand(M * N);
+        float *ref = (float *)malloc(sizeof(float) * (size_t)(M * N)), *got = (float *)malloc(sizeof(float) * (size_t)(M * N));
+        dtr__pool *p = NULL;
+        int tb, beta, own;
+        if (!ref || !got || dtr__pool_create(NULL, 2, &p) != DTR_OK) exit(2);
+        for (tb = 0; tb < 2; tb++)
+            for (beta = 0; beta < 2; beta++)
+                for (own = 0; own < 2; own++) {
+                    tg_bgen u;
+                    u.B = B, u.rsb = tb ? 1 : N, u.csb = tb ? K : 1, u.calls = 0, u.own = own;
+                    memcpy(ref, C0, sizeof(float) * (size_t)(M * N)), memcpy(got, C0, sizeof(float) * (size_t)(M * N));
+                    dtr__gemm_on(p, 1, M, N, K, 0.75f, A, K, 1, B, u.rsb, u.csb, (float)beta, ref, N);
+                    dtr__gemm_on_gen(p, 1, M, N, K, 0.75f, A, K, 1, tg_gen, &u, (float)beta, got, N);
+                    CHECK_MSG(u.calls > 0 && memcmp(ref, got, sizeof(float) * (size_t)(M * N)) == 0, "%lld x %lld x %lld, B %s, "
+                              "beta %d, %s panels", (long long)M, (long long)N, (long long)K, tb ? "transposed" : "as stored", beta,
+                              own ? "the kernel's" : "hand-made");
+                    memcpy(got, C0, sizeof(float) * (size_t)(M * N));
+                    dtr__gemm_on_gen(NULL, 0, M, N, K, 0.75f, A, K, 1, tg_gen, &u, (float)beta, got, N);
+                    CHECK(memcmp(ref, got, sizeof(float) * (size_t)(M * N)) == 0);
+                }
+        dtr__pool_destroy(p);
+        free(A); free(B); free(C0); free(ref); free(got);
+    }
+}
+
 /* After a warm-up call, GEMMs of the same or smaller sizes make no allocation-callback call. */
 static void test_gemm_no_steady_state_alloc(void) {
     dtr_allocation_callbacks cb;
@@ -530,6 +578,7 @@ int main(void) {
         RUN(test_gemm_deterministic);
         RUN(test_gemm_on);
         RUN(test_gemm_packed);
+        RUN(test_gemm_on_gen);
         RUN(test_gemm_no_steady_state_alloc);
     }
     dtr__gemm_force(NULL);

@@ -681,6 +681,8 @@ typedef struct dtr__gemm_job {
     const float *B; int64_t rsb, csb;
     float *C; int64_t ldc;
     const float *bpre;          /* B packed ahead (dtr__gemm_bpack), or NULL: packed per block */
+    dtr__gemm_bgen bgen;        /* B made per block by this producer (B NULL), or NULL */
+    void *bgen_user;
     int split_n;                /* work units: NR-column panels (1) or MR-row panels (0) */
     dtr__pool *pool;            /* NULL: a private buffer of the exact size */
 } dtr__gemm_job;
@@ -712,7 +714,8 @@ static void dtr__gemm_slab(const dtr__gemm_job *j, int64_t m0, int64_t m1, int64
             int load_c = pc > 0 || j->beta != 0.0f;
             float beta = pc > 0 ? 1.0f : j->beta;
             const float *bblock = j->bpre ? j->bpre + pc * dtr__gemm_ceil(j->N, kn->nr) * kn->nr + jc * kb : bpack;
-            if (!j->bpre) kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
+            if (j->bgen) j->bgen(j->bgen_user, pc, kb, jc, nb, kn->nr, bpack);
+            else if (!j->bpre) kn->pack_b(j->B + pc * j->rsb + jc * j->csb, j->rsb, j->csb, kb, nb, kn->nr, bpack);
             for (ic = m0; ic < m1; ic += j->mc) {
                 int64_t mb = dtr__gemm_min64(j->mc, m1 - ic);
                 kn->pack_a(j->A + ic * j->rsa + pc * j->csa, j->rsa, j->csa, mb, kb, kn->mr, apack);
@@ -839,7 +842,7 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
         return 0;
     }
 #ifdef DTR_USE_CBLAS
-    if (dtr__gemm_cblas(M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return 0;
+    if (B && dtr__gemm_cblas(M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) return 0;
 #endif
     kn = dtr__gemm_pick();
     memset(j, 0, sizeof(*j));
@@ -856,6 +859,21 @@ static int dtr__gemm_setup(dtr__gemm_job *j, dtr__pool *p, int64_t M, int64_t N,
     return 1;
 }
 
+/** The triple loop of a job whose B a producer makes, an element at a time (a one-column
+ *  panel): without packing memory, slow and never wrong. */
+static void dtr__gemm_naive_gen(const dtr__gemm_job *j) {
+    int64_t i, c, k;
+    for (i = 0; i < j->M; i++)
+        for (c = 0; c < j->N; c++) {
+            float acc = 0.0f, b, *ci = j->C + i * j->ldc + c;
+            for (k = 0; k < j->K; k++) {
+                j->bgen(j->bgen_user, k, 1, c, 1, 1, &b);
+                acc += j->A[i * j->rsa + k * j->csa] * b;
+            }
+            *ci = j->beta == 0.0f ? j->alpha * acc : j->alpha * acc + j->beta * *ci;
+        }
+}
+
 /** Runs the whole job on the calling thread with a buffer of its own (the exact size), or
  *  the triple loop when that cannot be allocated. */
 static void dtr__gemm_serial_private(dtr__gemm_job *j) {
@@ -865,6 +883,10 @@ static void dtr__gemm_serial_private(dtr__gemm_job *j) {
     j->pool = NULL;
     floats = dtr__gemm_buf_floats(j, 1, &a_floats);
     raw = dtr__malloc(NULL, floats * sizeof(float) + 64);
+    if (!raw && j->bgen) {
+        dtr__gemm_naive_gen(j);
+        return;
+    }
     if (!raw) {
         dtr__gemm_naive(j->M, j->N, j->K, j->alpha, j->A, j->rsa, j->csa, j->B, j->rsb, j->csb,
                         j->beta, j->C, j->ldc);
@@ -934,6 +956,19 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
                   float beta, float *C, int64_t ldc) {
     dtr__gemm_job j;
     if (dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, B, rsb, csb, beta, C, ldc)) dtr__gemm_run_on(p, worker, &j);
+}
+
+void dtr__gemm_on_gen(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                      int64_t csa, dtr__gemm_bgen gen, void *user, float beta, float *C, int64_t ldc) {
+    dtr__gemm_job j;
+    if (!dtr__gemm_setup(&j, p, M, N, K, alpha, A, rsa, csa, NULL, 0, 0, beta, C, ldc)) return;
+    j.bgen = gen, j.bgen_user = user;
+    dtr__gemm_run_on(p, worker, &j);
+}
+
+void dtr__gemm_pack_panels(const float *B, int64_t rsb, int64_t csb, int64_t kb, int64_t nb, float *dst) {
+    const dtr__gemm_kernel *kn = dtr__gemm_pick();
+    kn->pack_b(B, rsb, csb, kb, nb, kn->nr, dst);
 }
 
 size_t dtr__gemm_bpack_floats(int64_t K, int64_t N) {

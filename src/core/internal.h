@@ -78,6 +78,19 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
                   const float *A, int64_t rsa, int64_t csa,
                   const float *B, int64_t rsb, int64_t csb,
                   float beta, float *C, int64_t ldc);
+/** A producer of B for dtr__gemm_on_gen: writes B (kb, nb) from row k0 and column j0 as
+ *  nr-wide panels, as dtr__gemm packs them (panel p: dst[p*nr*kb + k*nr + j] = B(k0 + k,
+ *  j0 + p*nr + j), the columns past nb zero): an operand made on the fly (a convolution's
+ *  columns from its image) in place of one read from memory. kb <= DTR__GEMM_MAX_KC, nr <= 32. */
+typedef void (*dtr__gemm_bgen)(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst);
+#define DTR__GEMM_MAX_KC 256
+/** dtr__gemm_on with B (K, N) from `gen`, block by block: the bits of dtr__gemm_on over the B
+ *  it makes (never through cblas). */
+void dtr__gemm_on_gen(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                      int64_t csa, dtr__gemm_bgen gen, void *user, float beta, float *C, int64_t ldc);
+/** Packs B (kb, nb) (strides as dtr__gemm's) into the running kernel's panels at dst, as
+ *  dtr__gemm does: for a producer that makes a block of B first (a transposed operand). */
+void dtr__gemm_pack_panels(const float *B, int64_t rsb, int64_t csb, int64_t kb, int64_t nb, float *dst);
 /** Name of the GEMM kernel picked at run time ("avx512", "avx2", "neon", "generic", "cblas"). */
 const char *dtr__gemm_kernel_name(void);
 /** Forces the GEMM kernel by name (tests run each one the CPU has); NULL goes back to the

@@ -1,10 +1,11 @@
 /* ============================================================================
  * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C / G, KH, KW),
  * y (N, O, Ho, Wo) with Ho = (H + 2 PH - DH (KH - 1) - 1) / SH + 1 (stride S, padding P,
- * dilation D per axis, G groups; Wo alike). Convolution is im2col + GEMM: the column matrix
- * of sample n is (C*KH*KW, Ho*Wo), group g's rows a block of it (C/G*KH*KW rows), kept for the
- * backward pass when the op is recorded on the tape; otherwise (inference, frozen layers) each
- * worker reuses one. A depthwise convolution (groups = C = O) runs direct loops over each plane
+ * dilation D per axis, G groups; Wo alike). Convolution is a GEMM over the column matrix of
+ * sample n, (C*KH*KW, Ho*Wo) (group g's rows a block of it, C/G*KH*KW rows), which is never
+ * stored: the GEMM's packing makes each block of it from the image as it goes (implicit GEMM:
+ * dtr__gemm_on_gen), in forward and, transposed, for the weight's gradient; the input's
+ * gradient is col2im of a column matrix per worker. A depthwise convolution (groups = C = O) runs direct loops over each plane
  * instead (no columns: its products are too thin for GEMMs). 1-D convolution is the 2-D one over
  * (N, C, 1, L).
  * ==========================================================================*/
@@ -19,25 +20,6 @@ typedef struct dtr__conv_geom {
     int64_t N, C, H, W, O, KH, KW, Ho, Wo;
     int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
-
-/* Reference loops: any stride and padding. */
-static void dtr__im2col_ref(const dtr__conv_geom *g, const float *x, float *col) {
-    int64_t c, ki, kj, oi, oj;
-    for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->KH; ki++)
-            for (kj = 0; kj < g->KW; kj++) {
-                float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
-                    float *r = row + oi * g->Wo;
-                    if (ii < 0 || ii >= g->H) { for (oj = 0; oj < g->Wo; oj++) r[oj] = 0.0f; continue; }
-                    for (oj = 0; oj < g->Wo; oj++) {
-                        int64_t jj = oj * g->SW - g->PW + kj * g->DW;
-                        r[oj] = (jj >= 0 && jj < g->W) ? x[(c * g->H + ii) * g->W + jj] : 0.0f;
-                    }
-                }
-            }
-}
 
 static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float *gx) {
     int64_t c, ki, kj, oi, oj;
@@ -97,23 +79,25 @@ static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     for (; i < n; i++) d[i] += w * s[i];
 }
 
-static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
-    int64_t c, ki, kj, oi, oj, j0, j1;
-    if (g->SW != 1) { dtr__im2col_ref(g, x, col); return; }
-    for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->KH; ki++)
-            for (kj = 0; kj < g->KW; kj++) {
-                float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                dtr__conv_valid_cols(g, kj, &j0, &j1);
-                for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
-                    float *r = row + oi * g->Wo;
-                    if (ii < 0 || ii >= g->H) { memset(r, 0, (size_t)g->Wo * sizeof(float)); continue; }
-                    for (oj = 0; oj < j0; oj++) r[oj] = 0.0f;
-                    if (j1 > j0) dtr__conv_copy(r + j0, x + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW), j1 - j0);
-                    for (oj = j1; oj < g->Wo; oj++) r[oj] = 0.0f;
-                }
-            }
+/* Row k of the columns (tap k: channel k / (KH KW) of img, kernel row ki, column kj) at the
+ * output pixels [j, j + n) into d: zeros where the tap falls into the padding, else the
+ * image's values (with stride 1 along the width a run of the input row copied). */
+static void dtr__conv_col_run(const dtr__conv_geom *g, const float *img, int64_t k, int64_t j, int64_t n, float *d) {
+    int64_t kk = g->KH * g->KW, ki = k % kk / g->KW, kj = k % g->KW, oi = j / g->Wo, oj = j % g->Wo, j0, j1;
+    int64_t off = kj * g->DW - g->PW;   /* the input column of output column o: o SW + off */
+    const float *plane = img + k / kk * g->H * g->W;
+    dtr__conv_valid_cols(g, kj, &j0, &j1);
+    while (n > 0) {
+        int64_t m = n < g->Wo - oj ? n : g->Wo - oj, ii = oi * g->SH - g->PH + ki * g->DH;
+        int64_t a = oj > j0 ? oj : j0, b = oj + m < j1 ? oj + m : j1, o;
+        const float *row = plane + (ii >= 0 && ii < g->H ? ii : 0) * g->W;
+        if (ii < 0 || ii >= g->H || b <= a) a = b = oj;
+        for (o = oj; o < a; o++) d[o - oj] = 0.0f;
+        if (g->SW == 1 && b > a) dtr__conv_copy(d + (a - oj), row + a + off, b - a);
+        else for (o = a; o < b; o++) d[o - oj] = row[o * g->SW + off];
+        for (o = b; o < oj + m; o++) d[o - oj] = 0.0f;
+        d += m, n -= m, oj = 0, oi++;
+    }
 }
 
 static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
@@ -317,8 +301,7 @@ typedef struct {
     float *prod;           /* W col written: filled with bias (or 0) first, or added to (accumulate) */
     const float *bias;     /* (O) for prod, or NULL */
     int accumulate;
-    float *col;            /* the columns: one matrix per sample (keep_cols) or per worker */
-    int keep_cols;
+    float *tmp;            /* per worker, DTR__CONV_TMP floats: the weight gradient's taps as rows */
     const float *gprod;    /* (N, O, P) read by the weight gradient and by W^T (col2im) */
     float *gimg;           /* col2im's target (added to) */
     float *gcol;           /* per-worker column buffers of the W^T products */
@@ -336,20 +319,61 @@ static void dtr__conv_fill(float *y, int64_t n, float v) {
     for (; i < n; i++) y[i] = v;
 }
 
-/* columns of the image, then prod = W col, per sample */
+/* The columns of one group of one sample as a GEMM operand made on the fly (dtr__gemm_bgen):
+   B (taps, pixels) in forward, B (pixels, taps from t0) transposed for the weight gradient */
+typedef struct dtr__conv_cols {
+    const dtr__conv_geom *g;
+    const float *img;      /* the group's first channel of the sample's image */
+    int64_t t0;            /* transposed: the first tap */
+    float *tmp;            /* transposed: room for 32 taps of DTR__GEMM_MAX_KC pixels */
+} dtr__conv_cols;
+
+#define DTR__CONV_TMP (32 * DTR__GEMM_MAX_KC)
+
+/* B(k, j) = row k of the columns at pixel j: each panel row a run of pixels */
+static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+    const dtr__conv_cols *u = (const dtr__conv_cols *)user;
+    int64_t p, k, c;
+    for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
+        int64_t cols = nb - p < nr ? nb - p : nr;
+        for (k = 0; k < kb; k++) {
+            dtr__conv_col_run(u->g, u->img, k0 + k, j0 + p, cols, dst + k * nr);
+            for (c = cols; c < nr; c++) dst[k * nr + c] = 0.0f;
+        }
+    }
+}
+
+/* B(k, j) = row t0 + j of the columns at pixel k: a panel's taps made as rows into tmp, then
+   packed across as the GEMM packs a transposed operand (one-column panels: the GEMM's
+   fallback without memory, element by element) */
+static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+    const dtr__conv_cols *u = (const dtr__conv_cols *)user;
+    int64_t p, t;
+    for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
+        int64_t cols = nb - p < nr ? nb - p : nr;
+        for (t = 0; t < cols; t++) dtr__conv_col_run(u->g, u->img, u->t0 + j0 + p + t, k0, kb, u->tmp + t * kb);
+        if (nr > 1) dtr__gemm_pack_panels(u->tmp, 1, kb, kb, cols, dst);
+        else for (t = 0; t < kb; t++) dst[t] = u->tmp[t];
+    }
+}
+
+/* prod = W col, per sample, the columns made as the GEMM packs them */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
+    dtr__conv_cols u;
+    memset(&u, 0, sizeof u);
+    u.g = g;
     for (n = b; n < e; n++) {
-        float *col = j->col + (j->keep_cols ? n : worker) * g->G * ckk * P, *y = j->prod ? j->prod + n * g->O * P : NULL;
-        dtr__im2col(g, j->img + n * g->C * g->H * g->W, col);
-        if (!y) continue;
+        float *y = j->prod + n * g->O * P;
         if (!j->accumulate)
             for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
-        for (q = 0; q < g->G; q++)   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
-            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
-                         y + q * og * P, P);
+        for (q = 0; q < g->G; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
+            u.img = j->img + (n * g->C + q * (g->C / g->G)) * g->H * g->W;
+            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, dtr__conv_gen, &u, 1.0f,
+                             y + q * og * P, P);
+        }
     }
 }
 
@@ -360,10 +384,9 @@ static void dtr__conv_job_of(dtr_context *ctx, const dtr__node *nd, dtr__conv_jo
     j->w = dtr__f32(nd->in[1]);
 }
 
-/* columns for n samples (keep) or one matrix per worker, in the node's saved block or the arena */
-static float *dtr__conv_cols(dtr_context *ctx, dtr__node *nd, const dtr__conv_job *j, int keep) {
-    size_t n = (size_t)(keep ? j->g.N : dtr__pool_threads(ctx->pool)) * (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo);
-    return (float *)(nd ? dtr__node_save(ctx, nd, n * sizeof(float)) : dtr__arena_data(ctx, n * sizeof(float), "dtr_conv columns"));
+/* `per` floats for each worker of the pool, from the arena (NULL: the context's error) */
+static float *dtr__conv_scratch(dtr_context *ctx, size_t per) {
+    return (float *)dtr__arena_data(ctx, (size_t)dtr__pool_threads(ctx->pool) * per * sizeof(float), "dtr_conv columns");
 }
 
 /* Sum of x[0..n) in a fixed order: 8 running sums (element i goes to sum i mod 8, which
@@ -468,9 +491,6 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
         return DTR_OK;
     }
-    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
-    j.keep_cols = nd->taped;
-    if (!(nd->saved = j.col = dtr__conv_cols(ctx, nd, &j, j.keep_cols))) return ctx->status;
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     return DTR_OK;
 }
@@ -480,20 +500,27 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
  * (rows; every worker packs all columns of each sample) or, when there are fewer output
  * channels than ckk, a range of columns of every group's block (every worker packs the
  * smaller gy instead). The bias rows are split in proportion to the units. */
-static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, int64_t b, int64_t e) {
+static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *img, int64_t b, int64_t e) {
     const dtr__conv_geom *g = &j->g;
     int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, q, o0, o1;
+    dtr__conv_cols u;
+    u.g = g;
+    u.tmp = j->tmp + (int64_t)worker * DTR__CONV_TMP;
     for (q = 0; q < g->G; q++) {
-        const float *gq = gy + q * og * P, *cq = col + q * ckk * P;
+        const float *gq = gy + q * og * P;
         float *wq = j->gw + q * og * ckk;
+        u.img = img + q * (g->C / g->G) * g->H * g->W;
         if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
-            dtr__gemm_on(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, cq + b * P, 1, P, 1.0f, wq + b, ckk);
+            u.t0 = b;
+            dtr__gemm_on_gen(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, dtr__conv_gen_t, &u, 1.0f, wq + b, ckk);
             continue;
         }
         o0 = b > q * og ? b - q * og : 0;   /* this group's rows of [b, e) */
         o1 = e < (q + 1) * og ? e - q * og : og;
+        u.t0 = 0;
         if (o1 > o0)   /* dW[q][o0:o1] (o1-o0, ckk) += gy[q][o0:o1] (o1-o0, P) col[q]^T (P, ckk) */
-            dtr__gemm_on(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, cq, 1, P, 1.0f, wq + o0 * ckk, ckk);
+            dtr__gemm_on_gen(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, dtr__conv_gen_t, &u, 1.0f,
+                             wq + o0 * ckk, ckk);
     }
 }
 
@@ -504,16 +531,19 @@ static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
     for (n = 0; n < g->N; n++) {
         const float *gy = j->gprod + n * g->O * P;
-        if (j->gw) dtr__conv_bwd_w_sample(j, worker, gy, j->col + n * g->G * ckk * P, b, e);
+        if (j->gw) dtr__conv_bwd_w_sample(j, worker, gy, j->img + n * g->C * g->H * g->W, b, e);
         if (j->gb)
             for (o = o0; o < o1; o++) j->gb[o] += dtr__conv_sum(gy + o * P, P);
     }
 }
 
-static void dtr__conv_run_w(dtr__conv_job *j) {
+/* dW and db over the pool (the columns of j->img made per worker in j->tmp) */
+static dtr_result dtr__conv_run_w(dtr_context *ctx, dtr__conv_job *j) {
     int64_t ckk = j->g.C / j->g.G * j->g.KH * j->g.KW;
+    if (j->gw && !(j->tmp = dtr__conv_scratch(ctx, DTR__CONV_TMP))) return ctx->status;
     j->split_cols = j->g.O < ckk;
     dtr__pool_run(j->pool, j->split_cols ? ckk : j->g.O, 1, dtr__conv_bwd_w_range, j);
+    return DTR_OK;
 }
 
 /* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
@@ -531,7 +561,7 @@ static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
 }
 
 static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
-    if (!(j->gcol = dtr__conv_cols(ctx, NULL, j, 0))) return ctx->status;
+    if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo)))) return ctx->status;
     dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
     return DTR_OK;
 }
@@ -552,10 +582,10 @@ dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job_of(ctx, nd, &j);
     if (dtr__conv_depthwise(&j.g)) return dtr__dw_bwd(ctx, nd, &j);
     j.gprod = nd->out->grad;
-    j.col = (float *)nd->saved;
+    j.img = dtr__f32(nd->in[0]);
     j.gw = dtr__gradof(nd->in[1]);
     j.gb = dtr__gradof(nd->in[2]);
-    if (j.gw || j.gb) dtr__conv_run_w(&j);
+    if ((j.gw || j.gb) && dtr__conv_run_w(ctx, &j) != DTR_OK) return ctx->status;
     j.gimg = dtr__gradof(nd->in[0]);
     return j.gimg ? dtr__conv_run_x(ctx, &j) : DTR_OK;
 }
@@ -596,14 +626,10 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
     j.gb = NULL;
     j.prod = dtr__gradof(nd->in[0]);
     j.accumulate = 1;
-    if (!j.prod && !j.gw) return DTR_OK;
-    j.keep_cols = j.gw != NULL;   /* the weight's gradient reads every sample's columns */
-    if (!(j.col = dtr__conv_cols(ctx, NULL, &j, j.keep_cols))) return ctx->status;
-    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    if (j.prod) dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     if (!j.gw) return DTR_OK;
     j.gprod = dtr__f32(nd->in[0]);
-    dtr__conv_run_w(&j);
-    return DTR_OK;
+    return dtr__conv_run_w(ctx, &j);
 }
 
 /* ---- pooling ---- */
