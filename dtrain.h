@@ -13556,21 +13556,9 @@ static void dtr__conv_valid_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j
     if (*j1 < *j0) *j1 = *j0;
 }
 
-/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of im2col / col2im (w 1: the
- * bits of an add) and the depthwise rows: 8 at a time through a local array, which compilers
- * turn into vector loads and stores at -O2 (a memcpy call costs more than the copy for runs of
- * 10 to 30 floats). */
-static void dtr__conv_copy(float *d, const float *s, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8];
-        for (k = 0; k < 8; k++) t[k] = s[i + k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] = s[i];
-}
-
+/* d[0..n) += w s[0..n) for the short runs of col2im (w 1: the bits of an add) and the
+ * depthwise rows: 8 at a time through a local array, which compilers turn into vector loads
+ * and stores at -O2. */
 static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     int64_t i;
     int k;
@@ -13583,25 +13571,54 @@ static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     for (; i < n; i++) d[i] += w * s[i];
 }
 
-/* Row k of the columns (tap k: channel k / (KH KW) of img, kernel row ki, column kj) at the
- * output pixels [j, j + n) into d: zeros where the tap falls into the padding, else the
- * image's values (with stride 1 along the width a run of the input row copied). */
-static void dtr__conv_col_run(const dtr__conv_geom *g, const float *img, int64_t k, int64_t j, int64_t n, float *d) {
-    int64_t kk = g->KH * g->KW, ki = k % kk / g->KW, kj = k % g->KW, oi = j / g->Wo, oj = j % g->Wo, j0, j1;
-    int64_t off = kj * g->DW - g->PW;   /* the input column of output column o: o SW + off */
-    const float *plane = img + k / kk * g->H * g->W;
-    dtr__conv_valid_cols(g, kj, &j0, &j1);
-    while (n > 0) {
-        int64_t m = n < g->Wo - oj ? n : g->Wo - oj, ii = oi * g->SH - g->PH + ki * g->DH;
-        int64_t a = oj > j0 ? oj : j0, b = oj + m < j1 ? oj + m : j1, o;
+/* A tap of the kernel: channel c (of the group's image), kernel row ki and column kj, and the
+ * output columns [j0, j1) where it falls inside the input row (dtr__conv_valid_cols). */
+typedef struct dtr__conv_tapk { int64_t c, ki, kj, j0, j1; } dtr__conv_tapk;
+
+static void dtr__conv_tap_of(const dtr__conv_geom *g, int64_t k, dtr__conv_tapk *t) {
+    int64_t kk = g->KH * g->KW;
+    t->c = k / kk, t->ki = k % kk / g->KW, t->kj = k % g->KW;
+    dtr__conv_valid_cols(g, t->kj, &t->j0, &t->j1);
+}
+
+/* the next tap (kj, then ki, then c), without divisions: its valid columns from vc (2 a
+   kernel column) when given */
+static void dtr__conv_tap_next(const dtr__conv_geom *g, dtr__conv_tapk *t, const int64_t *vc) {
+    if (++t->kj == g->KW) {
+        t->kj = 0;
+        if (++t->ki == g->KH) t->ki = 0, t->c++;
+    }
+    if (vc) t->j0 = vc[2 * t->kj], t->j1 = vc[2 * t->kj + 1];
+    else dtr__conv_valid_cols(g, t->kj, &t->j0, &t->j1);
+}
+
+/* The columns' row of tap t at n output pixels from row oi, column oj, into d: zeros where
+ * the tap falls into the padding, else the image's values (with stride 1 along the width a
+ * run of the input row copied). */
+static void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi, int64_t oj,
+                          int64_t n, float *d) {
+    int64_t off = t->kj * g->DW - g->PW, o;   /* the input column of output column o: o SW + off */
+    const float *plane = img + t->c * g->H * g->W;
+    for (; n > 0; oj = 0, oi++) {
+        int64_t m = n < g->Wo - oj ? n : g->Wo - oj, e = oj + m, ii = oi * g->SH - g->PH + t->ki * g->DH;
+        int64_t a = oj > t->j0 ? oj : t->j0, b = e < t->j1 ? e : t->j1;
         const float *row = plane + (ii >= 0 && ii < g->H ? ii : 0) * g->W;
         if (ii < 0 || ii >= g->H || b <= a) a = b = oj;
         for (o = oj; o < a; o++) d[o - oj] = 0.0f;
-        if (g->SW == 1 && b > a) dtr__conv_copy(d + (a - oj), row + a + off, b - a);
+        if (g->SW == 1 && b > a) memcpy(d + (a - oj), row + a + off, (size_t)(b - a) * sizeof(float));
         else for (o = a; o < b; o++) d[o - oj] = row[o * g->SW + off];
-        for (o = b; o < oj + m; o++) d[o - oj] = 0.0f;
-        d += m, n -= m, oj = 0, oi++;
+        for (o = b; o < e; o++) d[o - oj] = 0.0f;
+        d += m, n -= m;
     }
+}
+
+/* vc[2 kj], vc[2 kj + 1]: the valid output columns of each kernel column (NULL when the kernel
+   is wider than the room: each tap computes its own) */
+static const int64_t *dtr__conv_valid_table(const dtr__conv_geom *g, int64_t *vc, int room) {
+    int64_t kj;
+    if (g->KW > room) return NULL;
+    for (kj = 0; kj < g->KW; kj++) dtr__conv_valid_cols(g, kj, &vc[2 * kj], &vc[2 * kj + 1]);
+    return vc;
 }
 
 static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
@@ -13834,15 +13851,21 @@ typedef struct dtr__conv_cols {
 
 #define DTR__CONV_TMP (32 * DTR__GEMM_MAX_KC)
 
-/* B(k, j) = row k of the columns at pixel j: each panel row a run of pixels */
+/* B(k, j) = row k of the columns at pixel j: tap by tap, each tap's row of every panel */
 static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
-    int64_t p, k, c;
-    for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
-        int64_t cols = nb - p < nr ? nb - p : nr;
-        for (k = 0; k < kb; k++) {
-            dtr__conv_col_run(u->g, u->img, k0 + k, j0 + p, cols, dst + k * nr);
-            for (c = cols; c < nr; c++) dst[k * nr + c] = 0.0f;
+    const dtr__conv_geom *g = u->g;
+    int64_t vcs[32], k, p, c, oi0 = j0 / g->Wo, oj0 = j0 % g->Wo;
+    const int64_t *vc = dtr__conv_valid_table(g, vcs, 16);
+    dtr__conv_tapk t;
+    for (k = 0, dtr__conv_tap_of(g, k0, &t); k < kb; k++, dtr__conv_tap_next(g, &t, vc)) {
+        int64_t oi = oi0, oj = oj0;
+        for (p = 0; p < nb; p += nr) {
+            int64_t cols = nb - p < nr ? nb - p : nr;
+            float *d = dst + p * kb + k * nr;   /* panel p / nr starts at p kb */
+            dtr__conv_tap(g, u->img, &t, oi, oj, cols, d);
+            for (c = cols; c < nr; c++) d[c] = 0.0f;
+            for (oj += nr; oj >= g->Wo; oj -= g->Wo) oi++;
         }
     }
 }
@@ -13852,10 +13875,14 @@ static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_
    fallback without memory, element by element) */
 static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
-    int64_t p, t;
+    const dtr__conv_geom *g = u->g;
+    int64_t vcs[32], p, t;
+    const int64_t *vc = dtr__conv_valid_table(g, vcs, 16);
     for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
         int64_t cols = nb - p < nr ? nb - p : nr;
-        for (t = 0; t < cols; t++) dtr__conv_col_run(u->g, u->img, u->t0 + j0 + p + t, k0, kb, u->tmp + t * kb);
+        dtr__conv_tapk tk;
+        for (t = 0, dtr__conv_tap_of(g, u->t0 + j0 + p, &tk); t < cols; t++, dtr__conv_tap_next(g, &tk, vc))
+            dtr__conv_tap(g, u->img, &tk, k0 / g->Wo, k0 % g->Wo, kb, u->tmp + t * kb);
         if (nr > 1) dtr__gemm_pack_panels(u->tmp, 1, kb, kb, cols, dst);
         else for (t = 0; t < kb; t++) dst[t] = u->tmp[t];
     }
@@ -14431,7 +14458,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14435 "dtrain.h"
+#line 14462 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14693,7 +14720,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14697 "dtrain.h"
+#line 14724 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15094,7 +15121,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15098 "dtrain.h"
+#line 15125 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15228,7 +15255,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15232 "dtrain.h"
+#line 15259 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16125,7 +16152,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16129 "dtrain.h"
+#line 16156 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16591,7 +16618,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16595 "dtrain.h"
+#line 16622 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16867,7 +16894,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16871 "dtrain.h"
+#line 16898 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17104,7 +17131,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17108 "dtrain.h"
+#line 17135 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17397,7 +17424,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17401 "dtrain.h"
+#line 17428 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18256,7 +18283,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18260 "dtrain.h"
+#line 18287 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18394,7 +18421,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18398 "dtrain.h"
+#line 18425 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18741,7 +18768,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18745 "dtrain.h"
+#line 18772 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18807,7 +18834,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18811 "dtrain.h"
+#line 18838 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19044,7 +19071,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19048 "dtrain.h"
+#line 19075 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19793,7 +19820,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19797 "dtrain.h"
+#line 19824 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20246,7 +20273,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20250 "dtrain.h"
+#line 20277 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20302,7 +20329,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20306 "dtrain.h"
+#line 20333 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21144,7 +21171,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21148 "dtrain.h"
+#line 21175 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21725,7 +21752,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21729 "dtrain.h"
+#line 21756 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22356,7 +22383,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22360 "dtrain.h"
+#line 22387 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23152,7 +23179,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23156 "dtrain.h"
+#line 23183 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23505,7 +23532,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23509 "dtrain.h"
+#line 23536 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23695,7 +23722,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23699 "dtrain.h"
+#line 23726 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23876,7 +23903,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23880 "dtrain.h"
+#line 23907 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24651,7 +24678,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24655 "dtrain.h"
+#line 24682 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25168,7 +25195,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25172 "dtrain.h"
+#line 25199 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25963,7 +25990,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25967 "dtrain.h"
+#line 25994 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27211,7 +27238,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27215 "dtrain.h"
+#line 27242 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27833,7 +27860,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27837 "dtrain.h"
+#line 27864 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28334,7 +28361,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28338 "dtrain.h"
+#line 28365 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29064,7 +29091,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29068 "dtrain.h"
+#line 29095 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29300,7 +29327,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29304 "dtrain.h"
+#line 29331 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29429,7 +29456,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29433 "dtrain.h"
+#line 29460 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29879,7 +29906,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29883 "dtrain.h"
+#line 29910 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30372,7 +30399,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30376 "dtrain.h"
+#line 30403 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -30987,7 +31014,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 30991 "dtrain.h"
+#line 31018 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31493,7 +31520,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31497 "dtrain.h"
+#line 31524 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33045,7 +33072,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33049 "dtrain.h"
+#line 33076 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33099,7 +33126,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33103 "dtrain.h"
+#line 33130 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34296,7 +34323,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34300 "dtrain.h"
+#line 34327 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35199,7 +35226,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35203 "dtrain.h"
+#line 35230 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36677,7 +36704,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36681 "dtrain.h"
+#line 36708 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37070,7 +37097,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37074 "dtrain.h"
+#line 37101 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37219,7 +37246,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37223 "dtrain.h"
+#line 37250 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -52,21 +52,9 @@ static void dtr__conv_valid_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j
     if (*j1 < *j0) *j1 = *j0;
 }
 
-/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of im2col / col2im (w 1: the
- * bits of an add) and the depthwise rows: 8 at a time through a local array, which compilers
- * turn into vector loads and stores at -O2 (a memcpy call costs more than the copy for runs of
- * 10 to 30 floats). */
-static void dtr__conv_copy(float *d, const float *s, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8];
-        for (k = 0; k < 8; k++) t[k] = s[i + k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] = s[i];
-}
-
+/* d[0..n) += w s[0..n) for the short runs of col2im (w 1: the bits of an add) and the
+ * depthwise rows: 8 at a time through a local array, which compilers turn into vector loads
+ * and stores at -O2. */
 static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     int64_t i;
     int k;
@@ -79,25 +67,54 @@ static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     for (; i < n; i++) d[i] += w * s[i];
 }
 
-/* Row k of the columns (tap k: channel k / (KH KW) of img, kernel row ki, column kj) at the
- * output pixels [j, j + n) into d: zeros where the tap falls into the padding, else the
- * image's values (with stride 1 along the width a run of the input row copied). */
-static void dtr__conv_col_run(const dtr__conv_geom *g, const float *img, int64_t k, int64_t j, int64_t n, float *d) {
-    int64_t kk = g->KH * g->KW, ki = k % kk / g->KW, kj = k % g->KW, oi = j / g->Wo, oj = j % g->Wo, j0, j1;
-    int64_t off = kj * g->DW - g->PW;   /* the input column of output column o: o SW + off */
-    const float *plane = img + k / kk * g->H * g->W;
-    dtr__conv_valid_cols(g, kj, &j0, &j1);
-    while (n > 0) {
-        int64_t m = n < g->Wo - oj ? n : g->Wo - oj, ii = oi * g->SH - g->PH + ki * g->DH;
-        int64_t a = oj > j0 ? oj : j0, b = oj + m < j1 ? oj + m : j1, o;
+/* A tap of the kernel: channel c (of the group's image), kernel row ki and column kj, and the
+ * output columns [j0, j1) where it falls inside the input row (dtr__conv_valid_cols). */
+typedef struct dtr__conv_tapk { int64_t c, ki, kj, j0, j1; } dtr__conv_tapk;
+
+static void dtr__conv_tap_of(const dtr__conv_geom *g, int64_t k, dtr__conv_tapk *t) {
+    int64_t kk = g->KH * g->KW;
+    t->c = k / kk, t->ki = k % kk / g->KW, t->kj = k % g->KW;
+    dtr__conv_valid_cols(g, t->kj, &t->j0, &t->j1);
+}
+
+/* the next tap (kj, then ki, then c), without divisions: its valid columns from vc (2 a
+   kernel column) when given */
+static void dtr__conv_tap_next(const dtr__conv_geom *g, dtr__conv_tapk *t, const int64_t *vc) {
+    if (++t->kj == g->KW) {
+        t->kj = 0;
+        if (++t->ki == g->KH) t->ki = 0, t->c++;
+    }
+    if (vc) t->j0 = vc[2 * t->kj], t->j1 = vc[2 * t->kj + 1];
+    else dtr__conv_valid_cols(g, t->kj, &t->j0, &t->j1);
+}
+
+/* The columns' row of tap t at n output pixels from row oi, column oj, into d: zeros where
+ * the tap falls into the padding, else the image's values (with stride 1 along the width a
+ * run of the input row copied). */
+static void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi, int64_t oj,
+                          int64_t n, float *d) {
+    int64_t off = t->kj * g->DW - g->PW, o;   /* the input column of output column o: o SW + off */
+    const float *plane = img + t->c * g->H * g->W;
+    for (; n > 0; oj = 0, oi++) {
+        int64_t m = n < g->Wo - oj ? n : g->Wo - oj, e = oj + m, ii = oi * g->SH - g->PH + t->ki * g->DH;
+        int64_t a = oj > t->j0 ? oj : t->j0, b = e < t->j1 ? e : t->j1;
         const float *row = plane + (ii >= 0 && ii < g->H ? ii : 0) * g->W;
         if (ii < 0 || ii >= g->H || b <= a) a = b = oj;
         for (o = oj; o < a; o++) d[o - oj] = 0.0f;
-        if (g->SW == 1 && b > a) dtr__conv_copy(d + (a - oj), row + a + off, b - a);
+        if (g->SW == 1 && b > a) memcpy(d + (a - oj), row + a + off, (size_t)(b - a) * sizeof(float));
         else for (o = a; o < b; o++) d[o - oj] = row[o * g->SW + off];
-        for (o = b; o < oj + m; o++) d[o - oj] = 0.0f;
-        d += m, n -= m, oj = 0, oi++;
+        for (o = b; o < e; o++) d[o - oj] = 0.0f;
+        d += m, n -= m;
     }
+}
+
+/* vc[2 kj], vc[2 kj + 1]: the valid output columns of each kernel column (NULL when the kernel
+   is wider than the room: each tap computes its own) */
+static const int64_t *dtr__conv_valid_table(const dtr__conv_geom *g, int64_t *vc, int room) {
+    int64_t kj;
+    if (g->KW > room) return NULL;
+    for (kj = 0; kj < g->KW; kj++) dtr__conv_valid_cols(g, kj, &vc[2 * kj], &vc[2 * kj + 1]);
+    return vc;
 }
 
 static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
@@ -330,15 +347,21 @@ typedef struct dtr__conv_cols {
 
 #define DTR__CONV_TMP (32 * DTR__GEMM_MAX_KC)
 
-/* B(k, j) = row k of the columns at pixel j: each panel row a run of pixels */
+/* B(k, j) = row k of the columns at pixel j: tap by tap, each tap's row of every panel */
 static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
-    int64_t p, k, c;
-    for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
-        int64_t cols = nb - p < nr ? nb - p : nr;
-        for (k = 0; k < kb; k++) {
-            dtr__conv_col_run(u->g, u->img, k0 + k, j0 + p, cols, dst + k * nr);
-            for (c = cols; c < nr; c++) dst[k * nr + c] = 0.0f;
+    const dtr__conv_geom *g = u->g;
+    int64_t vcs[32], k, p, c, oi0 = j0 / g->Wo, oj0 = j0 % g->Wo;
+    const int64_t *vc = dtr__conv_valid_table(g, vcs, 16);
+    dtr__conv_tapk t;
+    for (k = 0, dtr__conv_tap_of(g, k0, &t); k < kb; k++, dtr__conv_tap_next(g, &t, vc)) {
+        int64_t oi = oi0, oj = oj0;
+        for (p = 0; p < nb; p += nr) {
+            int64_t cols = nb - p < nr ? nb - p : nr;
+            float *d = dst + p * kb + k * nr;   /* panel p / nr starts at p kb */
+            dtr__conv_tap(g, u->img, &t, oi, oj, cols, d);
+            for (c = cols; c < nr; c++) d[c] = 0.0f;
+            for (oj += nr; oj >= g->Wo; oj -= g->Wo) oi++;
         }
     }
 }
@@ -348,10 +371,14 @@ static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_
    fallback without memory, element by element) */
 static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
-    int64_t p, t;
+    const dtr__conv_geom *g = u->g;
+    int64_t vcs[32], p, t;
+    const int64_t *vc = dtr__conv_valid_table(g, vcs, 16);
     for (p = 0; p < nb; p += nr, dst += (int64_t)nr * kb) {
         int64_t cols = nb - p < nr ? nb - p : nr;
-        for (t = 0; t < cols; t++) dtr__conv_col_run(u->g, u->img, u->t0 + j0 + p + t, k0, kb, u->tmp + t * kb);
+        dtr__conv_tapk tk;
+        for (t = 0, dtr__conv_tap_of(g, u->t0 + j0 + p, &tk); t < cols; t++, dtr__conv_tap_next(g, &tk, vc))
+            dtr__conv_tap(g, u->img, &tk, k0 / g->Wo, k0 % g->Wo, kb, u->tmp + t * kb);
         if (nr > 1) dtr__gemm_pack_panels(u->tmp, 1, kb, kb, cols, dst);
         else for (t = 0; t < kb; t++) dst[t] = u->tmp[t];
     }
