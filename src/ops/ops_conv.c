@@ -52,9 +52,21 @@ static void dtr__conv_valid_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j
     if (*j1 < *j0) *j1 = *j0;
 }
 
-/* d[0..n) += w s[0..n) for the short runs of col2im (w 1: the bits of an add) and the
- * depthwise rows: 8 at a time through a local array, which compilers turn into vector loads
- * and stores at -O2. */
+/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of the columns and col2im (w
+ * 1: the bits of an add) and the depthwise rows: 8 at a time through a local array, which
+ * compilers turn into vector loads and stores at -O2 (a memcpy call costs more than the copy
+ * below 16 floats). */
+static void dtr__conv_copy(float *d, const float *s, int64_t n) {
+    int64_t i;
+    int k;
+    for (i = 0; i + 8 <= n; i += 8) {
+        float t[8];
+        for (k = 0; k < 8; k++) t[k] = s[i + k];
+        for (k = 0; k < 8; k++) d[i + k] = t[k];
+    }
+    for (; i < n; i++) d[i] = s[i];
+}
+
 static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
     int64_t i;
     int k;
@@ -101,7 +113,8 @@ static void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__
         const float *row = plane + (ii >= 0 && ii < g->H ? ii : 0) * g->W;
         if (ii < 0 || ii >= g->H || b <= a) a = b = oj;
         for (o = oj; o < a; o++) d[o - oj] = 0.0f;
-        if (g->SW == 1 && b > a) memcpy(d + (a - oj), row + a + off, (size_t)(b - a) * sizeof(float));
+        if (g->SW == 1 && b - a >= 16) memcpy(d + (a - oj), row + a + off, (size_t)(b - a) * sizeof(float));
+        else if (g->SW == 1) dtr__conv_copy(d + (a - oj), row + a + off, b - a);
         else for (o = a; o < b; o++) d[o - oj] = row[o * g->SW + off];
         for (o = b; o < e; o++) d[o - oj] = 0.0f;
         d += m, n -= m;
