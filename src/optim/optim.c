@@ -41,7 +41,6 @@ struct dtr_optimizer {
                                  each update that left it out (-1: frozen, none): steps - started
                                  is its own count, as torch.optim counts a step per parameter (its
                                  bias correction, its first momentum step) */
-    int some_no_decay;        /* some parameter does not */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
     dtr__state_map map;
     int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to their run (with
@@ -305,7 +304,6 @@ static dtr_result dtr__param_flags(dtr_optimizer *o) {
     for (i = 0; i < np; i++) {
         o->started[i] = -1;
         o->decays[i] = (unsigned char)(o->cfg.weight_decay == 0.0f || dtr__decays(o->model, &o->cfg, i));
-        o->some_no_decay |= !o->decays[i];
         o->lr_scales[i] = dtr__lr_scale(o->model, &o->cfg, i);
     }
     o->cfg.no_decay = NULL, o->cfg.n_no_decay = 0;
