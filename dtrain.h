@@ -4851,7 +4851,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
     } while (0)
 
 /** Hot loops (the activations, forward and backward; the exp sums of softmax, attention and
- *  cross-entropy; cross-entropy's gradient) are compiled twice: as they are (SSE2 on x86-64)
+ *  cross-entropy; cross-entropy's gradient; the depthwise convolution's) are compiled twice: as they are (SSE2 on x86-64)
  *  and for AVX2 (8 floats a vector: about 1.7-2x on them), the second picked at run time
  *  where the CPU has it (dtr__simd_avx2, src/core/gemm.c; DTRAIN_SIMD=generic keeps the
  *  first). The loop's body is a DTR__SIMD_BODY function (always inlined, so it is compiled in
@@ -13556,32 +13556,13 @@ static void dtr__conv_valid_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j
     if (*j1 < *j0) *j1 = *j0;
 }
 
-/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of the columns and col2im (w
- * 1: the bits of an add) and the depthwise rows: 8 at a time through a local array, which
- * compilers turn into vector loads and stores at -O2 (a memcpy call costs more than the copy
- * below 16 floats). */
-static void dtr__conv_copy(float *d, const float *s, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8];
-        for (k = 0; k < 8; k++) t[k] = s[i + k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] = s[i];
-}
+/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of the columns, col2im (w 1:
+ * the bits of an add) and the depthwise rows: blocks of 8 the compiler vectorises at -O2
+ * (DTR__ELEMENTWISE; d and s never overlap). Always inlined, so that the depthwise loops'
+ * AVX2 twins run them 8 floats a vector. */
+DTR__SIMD_BODY void dtr__conv_copy(float *d, const float *s, int64_t n) { DTR__ELEMENTWISE(0, n, d[i] = s[i]); }
 
-static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8], u[8];
-        for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
-        for (k = 0; k < 8; k++) t[k] += w * u[k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] += w * s[i];
-}
+DTR__SIMD_BODY void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) { DTR__ELEMENTWISE(0, n, d[i] += w * s[i]); }
 
 /* A tap of the kernel: channel c (of the group's image), kernel row ki and column kj, and the
  * output columns [j0, j1) where it falls inside the input row (dtr__conv_valid_cols). */
@@ -13949,7 +13930,7 @@ static float dtr__conv_sum(const float *x, int64_t n) {
 /* ---- depthwise (groups = C = O): direct loops over each plane, no columns ---- */
 
 /* the sum of a[i] b[i] over [0, n) in dtr__conv_sum's order (8 running sums: one SIMD register) */
-static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
+DTR__SIMD_BODY float dtr__conv_dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
     int64_t i;
     int k;
@@ -13963,7 +13944,7 @@ static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
 /* Tap (ki, kj) of one plane: mode 0 y += w x (a = x, b = y), 1 gx += w gy (a = gy, b = gx);
  * mode 2 returns the sum of gy x over the tap's pairs (a = gy, b = x), each row's in f32 and
  * the rows' in double. x's rows and columns: ii = oi SH - PH + ki DH, jj = oj SW - PW + kj DW. */
-static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
+DTR__SIMD_BODY double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
     int64_t oi, oj, j0, j1, d = kj * g->DW - g->PW, S = g->SW;
     double sum = 0.0;
     dtr__conv_valid_cols(g, kj, &j0, &j1);
@@ -13990,7 +13971,7 @@ static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int m
 }
 
 /* planes [b, e) of (N, C): y = bias + the taps over x (mode 0), or gx += the taps over gy (1) */
-static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int worker) {
+DTR__SIMD_BODY void dtr__dw_planes_body(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     int64_t t, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
@@ -14007,7 +13988,7 @@ static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int worker) {
 }
 
 /* channels [b, e): dW[c] += the taps' sums of gy x over the samples, db[c] += gy's sum */
-static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int worker) {
+DTR__SIMD_BODY void dtr__dw_weights_body(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     int64_t c, n, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
@@ -14023,6 +14004,14 @@ static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int worker) {
         }
 }
 
+/* the depthwise loops as they are and for AVX2 (src/core/platform.h: the same bits) */
+static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int w) { dtr__dw_planes_body(arg, b, e, w); }
+static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int w) { dtr__dw_weights_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__dw_planes_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__dw_planes_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__dw_weights_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__dw_weights_body(arg, b, e, w); }
+#define DTR__DW_PLANES (dtr__simd_avx2() ? dtr__dw_planes_avx2 : dtr__dw_planes)
+#define DTR__DW_WEIGHTS (dtr__simd_avx2() ? dtr__dw_weights_avx2 : dtr__dw_weights)
+
 static int dtr__conv_depthwise(const dtr__conv_geom *g) { return g->G > 1 && g->G == g->C && g->G == g->O; }
 
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -14032,7 +14021,7 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     j.prod = dtr__f32(nd->out);
     j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     if (dtr__conv_depthwise(&j.g)) {
-        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
+        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, DTR__DW_PLANES, &j);
         return DTR_OK;
     }
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
@@ -14116,8 +14105,8 @@ static dtr_result dtr__dw_bwd(dtr_context *ctx, dtr__node *nd, dtr__conv_job *j)
     j->img = dtr__f32(nd->in[0]);
     j->gw = dtr__gradof(nd->in[1]);
     j->gb = dtr__gradof(nd->in[2]);
-    if (j->gw || j->gb) dtr__pool_run(ctx->pool, j->g.C, 1, dtr__dw_weights, j);
-    if ((j->gimg = dtr__gradof(nd->in[0]))) dtr__pool_run(ctx->pool, j->g.N * j->g.C, 1, dtr__dw_planes, j);
+    if (j->gw || j->gb) dtr__pool_run(ctx->pool, j->g.C, 1, DTR__DW_WEIGHTS, j);
+    if ((j->gimg = dtr__gradof(nd->in[0]))) dtr__pool_run(ctx->pool, j->g.N * j->g.C, 1, DTR__DW_PLANES, j);
     return DTR_OK;
 }
 
@@ -14471,7 +14460,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14475 "dtrain.h"
+#line 14464 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14733,7 +14722,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14737 "dtrain.h"
+#line 14726 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15134,7 +15123,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15138 "dtrain.h"
+#line 15127 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15268,7 +15257,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15272 "dtrain.h"
+#line 15261 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16165,7 +16154,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16169 "dtrain.h"
+#line 16158 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16631,7 +16620,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16635 "dtrain.h"
+#line 16624 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16907,7 +16896,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16911 "dtrain.h"
+#line 16900 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17144,7 +17133,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17148 "dtrain.h"
+#line 17137 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17437,7 +17426,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17441 "dtrain.h"
+#line 17430 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18294,7 +18283,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18298 "dtrain.h"
+#line 18287 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18432,7 +18421,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18436 "dtrain.h"
+#line 18425 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18779,7 +18768,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18783 "dtrain.h"
+#line 18772 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18845,7 +18834,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18849 "dtrain.h"
+#line 18838 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19082,7 +19071,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19086 "dtrain.h"
+#line 19075 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19831,7 +19820,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19835 "dtrain.h"
+#line 19824 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20284,7 +20273,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20288 "dtrain.h"
+#line 20277 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20340,7 +20329,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20344 "dtrain.h"
+#line 20333 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21182,7 +21171,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21186 "dtrain.h"
+#line 21175 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21763,7 +21752,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21767 "dtrain.h"
+#line 21756 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22394,7 +22383,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22398 "dtrain.h"
+#line 22387 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23190,7 +23179,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23194 "dtrain.h"
+#line 23183 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23543,7 +23532,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23547 "dtrain.h"
+#line 23536 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23733,7 +23722,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23737 "dtrain.h"
+#line 23726 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23914,7 +23903,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23918 "dtrain.h"
+#line 23907 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24689,7 +24678,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24693 "dtrain.h"
+#line 24682 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25206,7 +25195,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25210 "dtrain.h"
+#line 25199 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26001,7 +25990,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26005 "dtrain.h"
+#line 25994 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27249,7 +27238,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27253 "dtrain.h"
+#line 27242 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27871,7 +27860,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27875 "dtrain.h"
+#line 27864 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28372,7 +28361,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28376 "dtrain.h"
+#line 28365 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29102,7 +29091,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29106 "dtrain.h"
+#line 29095 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29338,7 +29327,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29342 "dtrain.h"
+#line 29331 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29467,7 +29456,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29471 "dtrain.h"
+#line 29460 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29917,7 +29906,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29921 "dtrain.h"
+#line 29910 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30410,7 +30399,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30414 "dtrain.h"
+#line 30403 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31025,7 +31014,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31029 "dtrain.h"
+#line 31018 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31531,7 +31520,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31535 "dtrain.h"
+#line 31524 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33083,7 +33072,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33087 "dtrain.h"
+#line 33076 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33137,7 +33126,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33141 "dtrain.h"
+#line 33130 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34334,7 +34323,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34338 "dtrain.h"
+#line 34327 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35237,7 +35226,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35241 "dtrain.h"
+#line 35230 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36715,7 +36704,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36719 "dtrain.h"
+#line 36708 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37108,7 +37097,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37112 "dtrain.h"
+#line 37101 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37257,7 +37246,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37261 "dtrain.h"
+#line 37250 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -52,32 +52,13 @@ static void dtr__conv_valid_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j
     if (*j1 < *j0) *j1 = *j0;
 }
 
-/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of the columns and col2im (w
- * 1: the bits of an add) and the depthwise rows: 8 at a time through a local array, which
- * compilers turn into vector loads and stores at -O2 (a memcpy call costs more than the copy
- * below 16 floats). */
-static void dtr__conv_copy(float *d, const float *s, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8];
-        for (k = 0; k < 8; k++) t[k] = s[i + k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] = s[i];
-}
+/* d[0..n) = s[0..n) and d[0..n) += w s[0..n) for the short runs of the columns, col2im (w 1:
+ * the bits of an add) and the depthwise rows: blocks of 8 the compiler vectorises at -O2
+ * (DTR__ELEMENTWISE; d and s never overlap). Always inlined, so that the depthwise loops'
+ * AVX2 twins run them 8 floats a vector. */
+DTR__SIMD_BODY void dtr__conv_copy(float *d, const float *s, int64_t n) { DTR__ELEMENTWISE(0, n, d[i] = s[i]); }
 
-static void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) {
-    int64_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        float t[8], u[8];
-        for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
-        for (k = 0; k < 8; k++) t[k] += w * u[k];
-        for (k = 0; k < 8; k++) d[i + k] = t[k];
-    }
-    for (; i < n; i++) d[i] += w * s[i];
-}
+DTR__SIMD_BODY void dtr__conv_axpy(float *d, const float *s, float w, int64_t n) { DTR__ELEMENTWISE(0, n, d[i] += w * s[i]); }
 
 /* A tap of the kernel: channel c (of the group's image), kernel row ki and column kj, and the
  * output columns [j0, j1) where it falls inside the input row (dtr__conv_valid_cols). */
@@ -445,7 +426,7 @@ static float dtr__conv_sum(const float *x, int64_t n) {
 /* ---- depthwise (groups = C = O): direct loops over each plane, no columns ---- */
 
 /* the sum of a[i] b[i] over [0, n) in dtr__conv_sum's order (8 running sums: one SIMD register) */
-static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
+DTR__SIMD_BODY float dtr__conv_dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
     int64_t i;
     int k;
@@ -459,7 +440,7 @@ static float dtr__conv_dot(const float *a, const float *b, int64_t n) {
 /* Tap (ki, kj) of one plane: mode 0 y += w x (a = x, b = y), 1 gx += w gy (a = gy, b = gx);
  * mode 2 returns the sum of gy x over the tap's pairs (a = gy, b = x), each row's in f32 and
  * the rows' in double. x's rows and columns: ii = oi SH - PH + ki DH, jj = oj SW - PW + kj DW. */
-static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
+DTR__SIMD_BODY double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int mode, float w, const float *a, float *b) {
     int64_t oi, oj, j0, j1, d = kj * g->DW - g->PW, S = g->SW;
     double sum = 0.0;
     dtr__conv_valid_cols(g, kj, &j0, &j1);
@@ -486,7 +467,7 @@ static double dtr__dw_tap(const dtr__conv_geom *g, int64_t ki, int64_t kj, int m
 }
 
 /* planes [b, e) of (N, C): y = bias + the taps over x (mode 0), or gx += the taps over gy (1) */
-static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int worker) {
+DTR__SIMD_BODY void dtr__dw_planes_body(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     int64_t t, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
@@ -503,7 +484,7 @@ static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int worker) {
 }
 
 /* channels [b, e): dW[c] += the taps' sums of gy x over the samples, db[c] += gy's sum */
-static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int worker) {
+DTR__SIMD_BODY void dtr__dw_weights_body(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     int64_t c, n, ki, kj, HW = g->H * g->W, P = g->Ho * g->Wo, kk = g->KH * g->KW;
@@ -519,6 +500,14 @@ static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int worker) {
         }
 }
 
+/* the depthwise loops as they are and for AVX2 (src/core/platform.h: the same bits) */
+static void dtr__dw_planes(void *arg, int64_t b, int64_t e, int w) { dtr__dw_planes_body(arg, b, e, w); }
+static void dtr__dw_weights(void *arg, int64_t b, int64_t e, int w) { dtr__dw_weights_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__dw_planes_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__dw_planes_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__dw_weights_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__dw_weights_body(arg, b, e, w); }
+#define DTR__DW_PLANES (dtr__simd_avx2() ? dtr__dw_planes_avx2 : dtr__dw_planes)
+#define DTR__DW_WEIGHTS (dtr__simd_avx2() ? dtr__dw_weights_avx2 : dtr__dw_weights)
+
 static int dtr__conv_depthwise(const dtr__conv_geom *g) { return g->G > 1 && g->G == g->C && g->G == g->O; }
 
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -528,7 +517,7 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     j.prod = dtr__f32(nd->out);
     j.bias = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
     if (dtr__conv_depthwise(&j.g)) {
-        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, dtr__dw_planes, &j);
+        dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, DTR__DW_PLANES, &j);
         return DTR_OK;
     }
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
@@ -612,8 +601,8 @@ static dtr_result dtr__dw_bwd(dtr_context *ctx, dtr__node *nd, dtr__conv_job *j)
     j->img = dtr__f32(nd->in[0]);
     j->gw = dtr__gradof(nd->in[1]);
     j->gb = dtr__gradof(nd->in[2]);
-    if (j->gw || j->gb) dtr__pool_run(ctx->pool, j->g.C, 1, dtr__dw_weights, j);
-    if ((j->gimg = dtr__gradof(nd->in[0]))) dtr__pool_run(ctx->pool, j->g.N * j->g.C, 1, dtr__dw_planes, j);
+    if (j->gw || j->gb) dtr__pool_run(ctx->pool, j->g.C, 1, DTR__DW_WEIGHTS, j);
+    if ((j->gimg = dtr__gradof(nd->in[0]))) dtr__pool_run(ctx->pool, j->g.N * j->g.C, 1, DTR__DW_PLANES, j);
     return DTR_OK;
 }
 
