@@ -4851,7 +4851,8 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
     } while (0)
 
 /** Hot loops (the activations, forward and backward; the exp sums of softmax, attention and
- *  cross-entropy; cross-entropy's gradient; the depthwise convolution's) are compiled twice: as they are (SSE2 on x86-64)
+ *  cross-entropy; cross-entropy's gradient; the depthwise convolution's, the convolutions'
+ *  column producers and the 2x2 max pool) are compiled twice: as they are (SSE2 on x86-64)
  *  and for AVX2 (8 floats a vector: about 1.7-2x on them), the second picked at run time
  *  where the CPU has it (dtr__simd_avx2, src/core/gemm.c; DTRAIN_SIMD=generic keeps the
  *  first). The loop's body is a DTR__SIMD_BODY function (always inlined, so it is compiled in
@@ -4908,7 +4909,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4912 "dtrain.h"
+#line 4913 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5870,7 +5871,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5874 "dtrain.h"
+#line 5875 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6368,7 +6369,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6372 "dtrain.h"
+#line 6373 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6430,7 +6431,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6434 "dtrain.h"
+#line 6435 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6810,7 +6811,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6814 "dtrain.h"
+#line 6815 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6853,7 +6854,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6857 "dtrain.h"
+#line 6858 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6890,7 +6891,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6894 "dtrain.h"
+#line 6895 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6949,7 +6950,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6953 "dtrain.h"
+#line 6954 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7023,7 +7024,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7027 "dtrain.h"
+#line 7028 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7091,7 +7092,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7095 "dtrain.h"
+#line 7096 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7166,7 +7167,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7170 "dtrain.h"
+#line 7171 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7518,7 +7519,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7522 "dtrain.h"
+#line 7523 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8516,7 +8517,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8520 "dtrain.h"
+#line 8521 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9191,7 +9192,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9195 "dtrain.h"
+#line 9196 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9282,7 +9283,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9286 "dtrain.h"
+#line 9287 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9764,7 +9765,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9768 "dtrain.h"
+#line 9769 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10020,7 +10021,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10024 "dtrain.h"
+#line 10025 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10253,7 +10254,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10257 "dtrain.h"
+#line 10258 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10372,7 +10373,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10376 "dtrain.h"
+#line 10377 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10428,7 +10429,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10432 "dtrain.h"
+#line 10433 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10857,7 +10858,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 10861 "dtrain.h"
+#line 10862 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11122,7 +11123,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11126 "dtrain.h"
+#line 11127 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11686,7 +11687,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11690 "dtrain.h"
+#line 11691 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11868,7 +11869,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11872 "dtrain.h"
+#line 11873 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13498,7 +13499,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13502 "dtrain.h"
+#line 13503 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -13588,7 +13589,7 @@ static void dtr__conv_tap_next(const dtr__conv_geom *g, dtr__conv_tapk *t, const
 /* The columns' row of tap t at n output pixels from row oi, column oj, into d: zeros where
  * the tap falls into the padding, else the image's values (with stride 1 along the width a
  * run of the input row copied). */
-static void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi, int64_t oj,
+DTR__SIMD_BODY void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi, int64_t oj,
                           int64_t n, float *d) {
     int64_t off = t->kj * g->DW - g->PW, o;   /* the input column of output column o: o SW + off */
     const float *plane = img + t->c * g->H * g->W;
@@ -13846,7 +13847,7 @@ typedef struct dtr__conv_cols {
 #define DTR__CONV_TMP (32 * DTR__GEMM_MAX_KC)
 
 /* B(k, j) = row k of the columns at pixel j: tap by tap, each tap's row of every panel */
-static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+DTR__SIMD_BODY void dtr__conv_gen_body(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
     const dtr__conv_geom *g = u->g;
     int64_t vcs[32], k, p, c, oi0 = j0 / g->Wo, oj0 = j0 % g->Wo;
@@ -13867,7 +13868,7 @@ static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_
 /* B(k, j) = row t0 + j of the columns at pixel k: a panel's taps made as rows into tmp, then
    packed across as the GEMM packs a transposed operand (one-column panels: the GEMM's
    fallback without memory, element by element) */
-static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+DTR__SIMD_BODY void dtr__conv_gen_t_body(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
     const dtr__conv_geom *g = u->g;
     int64_t vcs[32], p, t;
@@ -13881,6 +13882,22 @@ static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int6
         else for (t = 0; t < kb; t++) dst[t] = u->tmp[t];
     }
 }
+
+/* the producers as they are and for AVX2 (src/core/platform.h: the same bits) */
+static void dtr__conv_gen(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_body(u, k0, kb, j0, nb, nr, d);
+}
+static void dtr__conv_gen_t(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_t_body(u, k0, kb, j0, nb, nr, d);
+}
+DTR__TARGET_AVX2 static void dtr__conv_gen_avx2(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_body(u, k0, kb, j0, nb, nr, d);
+}
+DTR__TARGET_AVX2 static void dtr__conv_gen_t_avx2(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_t_body(u, k0, kb, j0, nb, nr, d);
+}
+#define DTR__CONV_GEN (dtr__simd_avx2() ? dtr__conv_gen_avx2 : dtr__conv_gen)
+#define DTR__CONV_GEN_T (dtr__simd_avx2() ? dtr__conv_gen_t_avx2 : dtr__conv_gen_t)
 
 /* prod = W col, per sample, the columns made as the GEMM packs them */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
@@ -13896,7 +13913,7 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
             for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
         for (q = 0; q < g->G; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
             u.img = j->img + (n * g->C + q * (g->C / g->G)) * g->H * g->W;
-            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, dtr__conv_gen, &u, 1.0f,
+            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, DTR__CONV_GEN, &u, 1.0f,
                              y + q * og * P, P);
         }
     }
@@ -14045,14 +14062,14 @@ static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const flo
         u.img = img + q * (g->C / g->G) * g->H * g->W;
         if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
             u.t0 = b;
-            dtr__gemm_on_gen(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, dtr__conv_gen_t, &u, 1.0f, wq + b, ckk);
+            dtr__gemm_on_gen(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, DTR__CONV_GEN_T, &u, 1.0f, wq + b, ckk);
             continue;
         }
         o0 = b > q * og ? b - q * og : 0;   /* this group's rows of [b, e) */
         o1 = e < (q + 1) * og ? e - q * og : og;
         u.t0 = 0;
         if (o1 > o0)   /* dW[q][o0:o1] (o1-o0, ckk) += gy[q][o0:o1] (o1-o0, P) col[q]^T (P, ckk) */
-            dtr__gemm_on_gen(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, dtr__conv_gen_t, &u, 1.0f,
+            dtr__gemm_on_gen(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, DTR__CONV_GEN_T, &u, 1.0f,
                              wq + o0 * ckk, ckk);
     }
 }
@@ -14276,7 +14293,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
 
 /* One 2x2 window per lane: a b / c d. with_nan 0: plain compares (no lane holds a NaN);
  * 1: the NaN-aware rule of the reference. Two loops, each branch-free, so both vectorise. */
-static void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, const float *d, float *best,
+DTR__SIMD_BODY void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, const float *d, float *best,
                                 int32_t *bi, int32_t j0, int32_t W, int with_nan) {
     int k;
     for (k = 0; k < 8; k++) { best[k] = a[k]; bi[k] = j0 + 2 * k; }
@@ -14301,7 +14318,7 @@ static void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, 
  * through local arrays, which compilers turn into SIMD compares and selects instead of
  * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
  * output column oj and are not stored). A block holding a NaN takes the NaN-aware rule. */
-static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
+DTR__SIMD_BODY void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
                                 int32_t base, int32_t W) {
     float a[8], b[8], c[8], d[8], best[8], z[8], zs;
     int32_t bi[8];
@@ -14318,7 +14335,7 @@ static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int3
     for (k = 0; k < n; k++) { y[oj + k] = best[k]; ag[oj + k] = bi[k]; }
 }
 
-static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
+DTR__SIMD_BODY void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
     int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, c, oi, oj;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
@@ -14336,6 +14353,15 @@ static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) 
 }
 
 static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
+    (void)worker;
+    if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
+        dtr__maxpool2_fwd(j, b, e);
+    else dtr__pool2d_fwd_ref(j, b, e);
+}
+
+/* the 2x2 max pool's lanes for AVX2 (src/core/platform.h: the same bits) */
+DTR__TARGET_AVX2 static void dtr__pool2d_fwd_avx2(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
     (void)worker;
     if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
@@ -14394,7 +14420,7 @@ dtr_result dtr__cpu_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
         if (!nd->saved) return ctx->status;
     }
     dtr__pool2d_job_of(nd, &j, &planes, &grain);
-    dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_fwd_range, &j);
+    dtr__pool_run(ctx->pool, planes, grain, dtr__simd_avx2() ? dtr__pool2d_fwd_avx2 : dtr__pool2d_fwd_range, &j);
     return DTR_OK;
 }
 
@@ -14460,7 +14486,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14464 "dtrain.h"
+#line 14490 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14722,7 +14748,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14726 "dtrain.h"
+#line 14752 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15123,7 +15149,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15127 "dtrain.h"
+#line 15153 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15257,7 +15283,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15261 "dtrain.h"
+#line 15287 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16154,7 +16180,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16158 "dtrain.h"
+#line 16184 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16620,7 +16646,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16624 "dtrain.h"
+#line 16650 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16896,7 +16922,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16900 "dtrain.h"
+#line 16926 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17133,7 +17159,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17137 "dtrain.h"
+#line 17163 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17426,7 +17452,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17430 "dtrain.h"
+#line 17456 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18283,7 +18309,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18287 "dtrain.h"
+#line 18313 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18421,7 +18447,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18425 "dtrain.h"
+#line 18451 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18768,7 +18794,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18772 "dtrain.h"
+#line 18798 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18834,7 +18860,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18838 "dtrain.h"
+#line 18864 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19071,7 +19097,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19075 "dtrain.h"
+#line 19101 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19820,7 +19846,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19824 "dtrain.h"
+#line 19850 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20273,7 +20299,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20277 "dtrain.h"
+#line 20303 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20329,7 +20355,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20333 "dtrain.h"
+#line 20359 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21171,7 +21197,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21175 "dtrain.h"
+#line 21201 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21752,7 +21778,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21756 "dtrain.h"
+#line 21782 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22383,7 +22409,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22387 "dtrain.h"
+#line 22413 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23179,7 +23205,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23183 "dtrain.h"
+#line 23209 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23532,7 +23558,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23536 "dtrain.h"
+#line 23562 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23722,7 +23748,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23726 "dtrain.h"
+#line 23752 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23903,7 +23929,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23907 "dtrain.h"
+#line 23933 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24678,7 +24704,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24682 "dtrain.h"
+#line 24708 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25195,7 +25221,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25199 "dtrain.h"
+#line 25225 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -25990,7 +26016,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 25994 "dtrain.h"
+#line 26020 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27238,7 +27264,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27242 "dtrain.h"
+#line 27268 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27860,7 +27886,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27864 "dtrain.h"
+#line 27890 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28361,7 +28387,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28365 "dtrain.h"
+#line 28391 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29091,7 +29117,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29095 "dtrain.h"
+#line 29121 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29327,7 +29353,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29331 "dtrain.h"
+#line 29357 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29456,7 +29482,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29460 "dtrain.h"
+#line 29486 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29906,7 +29932,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29910 "dtrain.h"
+#line 29936 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30399,7 +30425,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30403 "dtrain.h"
+#line 30429 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31014,7 +31040,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31018 "dtrain.h"
+#line 31044 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31520,7 +31546,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31524 "dtrain.h"
+#line 31550 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33072,7 +33098,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33076 "dtrain.h"
+#line 33102 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33126,7 +33152,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33130 "dtrain.h"
+#line 33156 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34323,7 +34349,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34327 "dtrain.h"
+#line 34353 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35226,7 +35252,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35230 "dtrain.h"
+#line 35256 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36704,7 +36730,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36708 "dtrain.h"
+#line 36734 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37097,7 +37123,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37101 "dtrain.h"
+#line 37127 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37246,7 +37272,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37250 "dtrain.h"
+#line 37276 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

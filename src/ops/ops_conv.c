@@ -84,7 +84,7 @@ static void dtr__conv_tap_next(const dtr__conv_geom *g, dtr__conv_tapk *t, const
 /* The columns' row of tap t at n output pixels from row oi, column oj, into d: zeros where
  * the tap falls into the padding, else the image's values (with stride 1 along the width a
  * run of the input row copied). */
-static void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi, int64_t oj,
+DTR__SIMD_BODY void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi, int64_t oj,
                           int64_t n, float *d) {
     int64_t off = t->kj * g->DW - g->PW, o;   /* the input column of output column o: o SW + off */
     const float *plane = img + t->c * g->H * g->W;
@@ -342,7 +342,7 @@ typedef struct dtr__conv_cols {
 #define DTR__CONV_TMP (32 * DTR__GEMM_MAX_KC)
 
 /* B(k, j) = row k of the columns at pixel j: tap by tap, each tap's row of every panel */
-static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+DTR__SIMD_BODY void dtr__conv_gen_body(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
     const dtr__conv_geom *g = u->g;
     int64_t vcs[32], k, p, c, oi0 = j0 / g->Wo, oj0 = j0 % g->Wo;
@@ -363,7 +363,7 @@ static void dtr__conv_gen(void *user, int64_t k0, int64_t kb, int64_t j0, int64_
 /* B(k, j) = row t0 + j of the columns at pixel k: a panel's taps made as rows into tmp, then
    packed across as the GEMM packs a transposed operand (one-column panels: the GEMM's
    fallback without memory, element by element) */
-static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
+DTR__SIMD_BODY void dtr__conv_gen_t_body(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
     const dtr__conv_geom *g = u->g;
     int64_t vcs[32], p, t;
@@ -377,6 +377,22 @@ static void dtr__conv_gen_t(void *user, int64_t k0, int64_t kb, int64_t j0, int6
         else for (t = 0; t < kb; t++) dst[t] = u->tmp[t];
     }
 }
+
+/* the producers as they are and for AVX2 (src/core/platform.h: the same bits) */
+static void dtr__conv_gen(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_body(u, k0, kb, j0, nb, nr, d);
+}
+static void dtr__conv_gen_t(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_t_body(u, k0, kb, j0, nb, nr, d);
+}
+DTR__TARGET_AVX2 static void dtr__conv_gen_avx2(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_body(u, k0, kb, j0, nb, nr, d);
+}
+DTR__TARGET_AVX2 static void dtr__conv_gen_t_avx2(void *u, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *d) {
+    dtr__conv_gen_t_body(u, k0, kb, j0, nb, nr, d);
+}
+#define DTR__CONV_GEN (dtr__simd_avx2() ? dtr__conv_gen_avx2 : dtr__conv_gen)
+#define DTR__CONV_GEN_T (dtr__simd_avx2() ? dtr__conv_gen_t_avx2 : dtr__conv_gen_t)
 
 /* prod = W col, per sample, the columns made as the GEMM packs them */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
@@ -392,7 +408,7 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
             for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
         for (q = 0; q < g->G; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
             u.img = j->img + (n * g->C + q * (g->C / g->G)) * g->H * g->W;
-            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, dtr__conv_gen, &u, 1.0f,
+            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, DTR__CONV_GEN, &u, 1.0f,
                              y + q * og * P, P);
         }
     }
@@ -541,14 +557,14 @@ static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const flo
         u.img = img + q * (g->C / g->G) * g->H * g->W;
         if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
             u.t0 = b;
-            dtr__gemm_on_gen(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, dtr__conv_gen_t, &u, 1.0f, wq + b, ckk);
+            dtr__gemm_on_gen(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, DTR__CONV_GEN_T, &u, 1.0f, wq + b, ckk);
             continue;
         }
         o0 = b > q * og ? b - q * og : 0;   /* this group's rows of [b, e) */
         o1 = e < (q + 1) * og ? e - q * og : og;
         u.t0 = 0;
         if (o1 > o0)   /* dW[q][o0:o1] (o1-o0, ckk) += gy[q][o0:o1] (o1-o0, P) col[q]^T (P, ckk) */
-            dtr__gemm_on_gen(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, dtr__conv_gen_t, &u, 1.0f,
+            dtr__gemm_on_gen(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, DTR__CONV_GEN_T, &u, 1.0f,
                              wq + o0 * ckk, ckk);
     }
 }
@@ -772,7 +788,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
 
 /* One 2x2 window per lane: a b / c d. with_nan 0: plain compares (no lane holds a NaN);
  * 1: the NaN-aware rule of the reference. Two loops, each branch-free, so both vectorise. */
-static void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, const float *d, float *best,
+DTR__SIMD_BODY void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, const float *d, float *best,
                                 int32_t *bi, int32_t j0, int32_t W, int with_nan) {
     int k;
     for (k = 0; k < 8; k++) { best[k] = a[k]; bi[k] = j0 + 2 * k; }
@@ -797,7 +813,7 @@ static void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, 
  * through local arrays, which compilers turn into SIMD compares and selects instead of
  * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
  * output column oj and are not stored). A block holding a NaN takes the NaN-aware rule. */
-static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
+DTR__SIMD_BODY void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
                                 int32_t base, int32_t W) {
     float a[8], b[8], c[8], d[8], best[8], z[8], zs;
     int32_t bi[8];
@@ -814,7 +830,7 @@ static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int3
     for (k = 0; k < n; k++) { y[oj + k] = best[k]; ag[oj + k] = bi[k]; }
 }
 
-static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
+DTR__SIMD_BODY void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
     int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, c, oi, oj;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
@@ -832,6 +848,15 @@ static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) 
 }
 
 static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
+    (void)worker;
+    if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
+        dtr__maxpool2_fwd(j, b, e);
+    else dtr__pool2d_fwd_ref(j, b, e);
+}
+
+/* the 2x2 max pool's lanes for AVX2 (src/core/platform.h: the same bits) */
+DTR__TARGET_AVX2 static void dtr__pool2d_fwd_avx2(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
     (void)worker;
     if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
@@ -890,7 +915,7 @@ dtr_result dtr__cpu_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
         if (!nd->saved) return ctx->status;
     }
     dtr__pool2d_job_of(nd, &j, &planes, &grain);
-    dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_fwd_range, &j);
+    dtr__pool_run(ctx->pool, planes, grain, dtr__simd_avx2() ? dtr__pool2d_fwd_avx2 : dtr__pool2d_fwd_range, &j);
     return DTR_OK;
 }
 
