@@ -13589,8 +13589,8 @@ static void dtr__conv_tap_next(const dtr__conv_geom *g, dtr__conv_tapk *t, const
 /* The columns' row of tap t at n output pixels from row oi, column oj, into d: zeros where
  * the tap falls into the padding, else the image's values (with stride 1 along the width a
  * run of the input row copied). */
-DTR__SIMD_BODY void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi, int64_t oj,
-                          int64_t n, float *d) {
+DTR__SIMD_BODY void dtr__conv_tap(const dtr__conv_geom *g, const float *img, const dtr__conv_tapk *t, int64_t oi,
+                                  int64_t oj, int64_t n, float *d) {
     int64_t off = t->kj * g->DW - g->PW, o;   /* the input column of output column o: o SW + off */
     const float *plane = img + t->c * g->H * g->W;
     for (; n > 0; oj = 0, oi++) {
