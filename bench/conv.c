@@ -1,7 +1,9 @@
 /* bench/conv.c: a 3x3 convolution's forward and backward (padding 1) on the CPU, as JSON lines
  * ("impl":"dtrain"; bench/conv_torch.py prints the same lines for F.conv2d): x (B, C, H, H),
  * dense (groups 1) and depthwise (groups C) weights, loss sum(y), backward to x and w. The best
- * of --repeat runs after one warm-up. Prints ms_per_step per kind.
+ * of --repeat runs after one warm-up. Prints ms_per_step per kind and peak_rss_mb, the process's
+ * peak resident size so far (the dense kind runs first: its line's is the dense layer's peak;
+ * Linux and macOS, else -1).
  * Usage: conv [--batch B] [--channels C] [--size H] [--threads N] [--repeat R]
  * Build: make bench. */
 #define _POSIX_C_SOURCE 200809L
@@ -10,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/resource.h>
+#endif
 
 static double now_s(void) {
     struct timespec ts;
@@ -36,6 +41,20 @@ static double conv_best(dtr_context *ctx, int64_t B, int64_t C, int64_t H, int g
     return best;
 }
 
+/* the process's peak resident size in MiB (-1 where unknown) */
+static double peak_rss_mb(void) {
+#if defined(__unix__) || defined(__APPLE__)
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+#if defined(__APPLE__)
+        return (double)ru.ru_maxrss / (1024.0 * 1024.0);   /* bytes */
+#else
+        return (double)ru.ru_maxrss / 1024.0;               /* KiB */
+#endif
+#endif
+    return -1.0;
+}
+
 int main(int argc, char **argv) {
     int64_t B = 32, C = 64, H = 56;
     int threads = 0, repeat = 5, i, k;
@@ -60,8 +79,8 @@ int main(int argc, char **argv) {
         double t = conv_best(ctx, B, C, H, k ? (int)C : 1, repeat);
         if (t < 0) { fprintf(stderr, "conv: %s\n", dtr_context_last_error(ctx)); return 1; }
         printf("{\"bench\":\"conv\",\"impl\":\"dtrain\",\"kind\":\"%s\",\"batch\":%lld,\"channels\":%lld,\"size\":%lld,"
-               "\"threads\":%d,\"ms_per_step\":%.3f}\n", k ? "depthwise" : "dense", (long long)B, (long long)C, (long long)H,
-               dtr_context_threads(ctx), 1e3 * t);
+               "\"threads\":%d,\"ms_per_step\":%.3f,\"peak_rss_mb\":%.1f}\n", k ? "depthwise" : "dense", (long long)B,
+               (long long)C, (long long)H, dtr_context_threads(ctx), 1e3 * t, peak_rss_mb());
     }
     dtr_context_destroy(ctx);
     return 0;

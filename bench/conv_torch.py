@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """bench/conv_torch.py: PyTorch's side of bench/conv.c: F.conv2d 3x3 (padding 1) over
 x (B, C, H, H), dense and depthwise (groups C), sum(y).backward() to x and w; the best of
---repeat runs after one warm-up; JSON lines with "impl":"torch".
+--repeat runs after one warm-up; JSON lines with "impl":"torch" (peak_rss_mb: the process's peak
+resident size so far, as bench/conv.c prints it).
 Usage: conv_torch.py [--batch B] [--channels C] [--size H] [--threads N] [--repeat R]"""
 import argparse
 import json
+import resource
 import time
 
 
@@ -30,7 +32,8 @@ def main():
                 best = min(best, time.perf_counter() - t0)
         print(json.dumps({"bench": "conv", "impl": "torch", "version": torch.__version__, "kind": kind, "batch": a.batch,
                           "channels": a.channels, "size": a.size, "threads": torch.get_num_threads(),
-                          "ms_per_step": round(1e3 * best, 3)}))
+                          "ms_per_step": round(1e3 * best, 3),
+                          "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)}))
 
 
 if __name__ == "__main__":
