@@ -948,8 +948,8 @@ static void big_softmaxes(float *out) {
 }
 
 /* The CPU's hot loops compiled for AVX2 (src/core/platform.h: exp sums, cross-entropy's
-   gradient) give the generic loops' bits: every op case, and rows long enough for their blocks
-   of eight, both ways. */
+   gradient, the backend's sum of squares) give the generic loops' bits: every op case, and rows
+   long enough for their blocks of eight, both ways. */
 static void test_simd_variants(void) {
     static float a[3 * 50257 + 3001], b[3 * 50257 + 3001];
     int i;
@@ -976,8 +976,18 @@ static void test_simd_variants(void) {
     big_softmaxes(a);
     dtr__simd_force(1);
     big_softmaxes(b);
-    dtr__simd_force(-1);
     CHECK_MSG(memcmp(a, b, sizeof a) == 0, "cross-entropy / softmax over long rows: AVX2 loops differ from the generic ones");
+    {   /* the backend's sum of squares (gradient norms: clipping, the optimizer's check) */
+        dtr_context *c = test_ctx(1);
+        double s0 = 0.0, s1 = 1.0;
+        dtr__simd_force(0);
+        CHECK_OK(c, c->backend->sumsq(c, a, (int64_t)(sizeof a / sizeof a[0]) - 3, &s0));
+        dtr__simd_force(1);
+        CHECK_OK(c, c->backend->sumsq(c, a, (int64_t)(sizeof a / sizeof a[0]) - 3, &s1));
+        CHECK_MSG(memcmp(&s0, &s1, sizeof s0) == 0 && s0 > 0.0, "sum of squares: AVX2 %.17g, generic %.17g", s1, s0);
+        dtr_context_destroy(c);
+    }
+    dtr__simd_force(-1);
 }
 
 static void test_backend_parity(void) {

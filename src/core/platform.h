@@ -38,7 +38,8 @@
 
 /** Hot loops (the activations, forward and backward; the exp sums of softmax, attention and
  *  cross-entropy; cross-entropy's gradient; the depthwise convolution's, the convolutions'
- *  column producers and the 2x2 max pool) are compiled twice: as they are (SSE2 on x86-64)
+ *  column producers and the 2x2 max pool; the sum of squares of the gradient norms) are
+ *  compiled twice: as they are (SSE2 on x86-64)
  *  and for AVX2 (8 floats a vector: about 1.7-2x on them), the second picked at run time
  *  where the CPU has it (dtr__simd_avx2, src/core/gemm.c; DTRAIN_SIMD=generic keeps the
  *  first). The loop's body is a DTR__SIMD_BODY function (always inlined, so it is compiled in
