@@ -847,7 +847,7 @@ DTR__SIMD_BODY void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int6
     }
 }
 
-static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
+DTR__SIMD_BODY void dtr__pool2d_fwd_body(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
     (void)worker;
     if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
@@ -855,14 +855,9 @@ static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     else dtr__pool2d_fwd_ref(j, b, e);
 }
 
-/* the 2x2 max pool's lanes for AVX2 (src/core/platform.h: the same bits) */
-DTR__TARGET_AVX2 static void dtr__pool2d_fwd_avx2(void *arg, int64_t b, int64_t e, int worker) {
-    const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
-    (void)worker;
-    if (j->nd->op == DTR_OP_MAXPOOL2D && j->KH == 2 && j->KW == 2 && j->SH == 2 && j->SW == 2 && j->PH == 0 && j->PW == 0)
-        dtr__maxpool2_fwd(j, b, e);
-    else dtr__pool2d_fwd_ref(j, b, e);
-}
+/* as it is and with the 2x2 max pool's lanes for AVX2 (src/core/platform.h: the same bits) */
+static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__pool2d_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__pool2d_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__pool2d_fwd_body(arg, b, e, w); }
 
 static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker) {
     const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;

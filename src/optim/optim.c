@@ -312,7 +312,7 @@ static dtr_result dtr__param_flags(dtr_optimizer *o) {
 }
 
 /* cfg's schedule and learning-rate groups can be followed */
-static dtr_result dtr__check_groups(dtr_context *ctx, const dtr_optimizer_config *cfg) {
+static dtr_result dtr__check_rates(dtr_context *ctx, const dtr_optimizer_config *cfg) {
     const char *bad = dtr__schedule_bad(&cfg->schedule);
     int k;
     if (bad) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: schedule (kind %d): %s", (int)cfg->schedule.kind, bad);
@@ -345,7 +345,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
     if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
-    if ((r = dtr__check_groups(ctx, cfg)) != DTR_OK) return r;
+    if ((r = dtr__check_rates(ctx, cfg)) != DTR_OK) return r;
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
     if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
