@@ -1545,10 +1545,34 @@ typedef enum dtr_schedule_kind {
     DTR_SCHED_POLY = 5,    /**< min_lr + (lr - min_lr) * (1 - t / total_steps)^gamma, then min_lr:
                                 gamma is the power (torch's PolynomialLR with min_lr 0; Hugging
                                 Face's polynomial decay with lr_end min_lr) */
-    DTR_SCHED_INV_SQRT = 6 /**< lr / sqrt((t + s) / s) with timescale s = step_size, or warmup_steps
+    DTR_SCHED_INV_SQRT = 6,/**< lr / sqrt((t + s) / s) with timescale s = step_size, or warmup_steps
                                 when step_size is 0, or 10000 when both are 0 (the Transformer's
                                 and Hugging Face's inverse square root: lr when warm-up ends) */
+    DTR_SCHED_MULTISTEP = 7, /**< lr * gamma^(the milestones <= t) (torch's MultiStepLR: a ResNet's
+                                  drops at fixed epochs) */
+    DTR_SCHED_ONE_CYCLE = 8, /**< torch's OneCycleLR (cosine annealing): a cosine from start_lr at step
+                                  0 up to lr at step warmup_steps - 1 (its warm-up is this rise, not a
+                                  line), then a cosine down to min_lr reached at step warmup_steps +
+                                  total_steps - 1, min_lr afterwards; with max_momentum > 0 the
+                                  momentum (SGD's, RMSprop's; the Adam family's and LAMB's beta1) goes
+                                  from max_momentum down to base_momentum and back up
+                                  (dtr_schedule_momentum). torch's OneCycleLR(max_lr, total_steps = T,
+                                  pct_start = P, div_factor = D, final_div_factor = F) is lr = max_lr,
+                                  warmup_steps = P * T, total_steps = T - warmup_steps, start_lr =
+                                  max_lr / D, min_lr = start_lr / F */
+    DTR_SCHED_COSINE_RESTARTS = 9, /**< cosine from lr to min_lr over cycles of step_size steps, each
+                                        gamma times longer than the last (gamma a whole number >= 1),
+                                        lr again at each restart (torch's CosineAnnealingWarmRestarts:
+                                        T_0 = step_size, T_mult = gamma, eta_min = min_lr; SGDR) */
+    DTR_SCHED_PLATEAU = 10   /**< lr until the metric the app reports (dtr_optimizer_report_metric,
+                                  once an epoch: a validation loss) stops improving: after more
+                                  than step_size reports (the patience) without an improvement
+                                  of threshold, lr becomes max(lr * gamma, min_lr), then cooldown
+                                  reports count as none bad (torch's ReduceLROnPlateau) */
 } dtr_schedule_kind;
+
+/** The most milestones a DTR_SCHED_MULTISTEP schedule takes. */
+#define DTR_SCHED_MAX_MILESTONES 8
 
 /** A learning-rate schedule with optional linear warm-up: (step + 1) / warmup_steps * lr at
  *  steps 0 .. warmup_steps - 1 (torch's LinearLR from 1 / warmup_steps), then the kind's
@@ -1560,13 +1584,33 @@ typedef struct dtr_schedule {
     int64_t warmup_steps;
     int64_t total_steps;   /**< length of the cosine, linear and polynomial decay (after warm-up; > 0) */
     int64_t step_size;     /**< step schedule period (> 0); inverse square root's timescale (0: see it) */
-    float gamma;           /**< step and exponential schedules' factor (> 0); polynomial decay's power
-                                (> 0; 1: linear) */
+    float gamma;           /**< step, multi-step and exponential schedules' factor (> 0); polynomial
+                                decay's power (> 0; 1: linear); the restarts' growth of the cycle (a
+                                whole number >= 1); the plateau's factor (in (0, 1)) */
+    int64_t milestones[DTR_SCHED_MAX_MILESTONES]; /**< multi-step: the steps t (after warm-up) where
+                                the rate drops by gamma, ascending and > 0; a 0 ends the list */
+    float start_lr;        /**< one-cycle: the rate at step 0 (>= 0; torch: max_lr / div_factor) */
+    float max_momentum;    /**< one-cycle: > 0 cycles the momentum between max_momentum (at the
+                                ends) and base_momentum (at the peak rate), both in (0, 1),
+                                replacing the config's momentum or beta1 (torch's
+                                cycle_momentum, 0.95 and 0.85 there); 0: not cycled */
+    float base_momentum;
+    float threshold;       /**< plateau: the improvement a report must make over the best so far to
+                                count: relative (torch's default mode; its default 1e-4) or, with
+                                threshold_abs, absolute (>= 0) */
+    int threshold_abs;
+    int maximize;          /**< plateau: 1 when larger metrics are better (an accuracy); 0 a loss */
+    int64_t cooldown;      /**< plateau: reports after a drop that count as not bad (>= 0) */
 } dtr_schedule;
 
-/** Learning rate at optimizer step `step` (0-based). Pure function.
+/** Learning rate at optimizer step `step` (0-based). Pure function. A plateau schedule's
+ *  rate is its lr after warm-up: the optimizer lowers lr itself (dtr_optimizer_report_metric).
  *  Thread safety: thread safe. */
 DTR_API float dtr_schedule_lr(const dtr_schedule *s, int64_t step);
+/** The momentum of update `step` (0-based): one-cycle's cycled momentum when s cycles it
+ *  (max_momentum > 0), else `momentum` (the config's momentum or beta1) unchanged. Pure
+ *  function. Thread safety: thread safe. */
+DTR_API float dtr_schedule_momentum(const dtr_schedule *s, int64_t step, float momentum);
 
 /** The optimizer's check of the gradient before each update (one sum of squares over the
  *  contiguous gradient buffer, shared with clip_norm). In data parallelism it runs after the
@@ -1684,6 +1728,36 @@ DTR_API double dtr_optimizer_grad_norm(const dtr_optimizer *opt);
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
+
+/** What dtr_optimizer_report_metric keeps of the reports: the plateau schedule's state, and
+ *  what early stopping needs under any schedule. */
+typedef struct dtr_metric_stats {
+    double best;          /**< the best metric reported (+inf for a loss, -inf with maximize,
+                               before the first) */
+    int64_t reports;      /**< metrics reported */
+    int64_t bad;          /**< reports since the last improvement (torch's num_bad_epochs: 0 after a
+                               drop and during cooldown): stop early when it reaches your patience */
+    int64_t cooldown;     /**< reports left in the cooldown after the last drop */
+    int64_t drops;        /**< the plateau's drops of the rate so far */
+    int improved;         /**< the last report improved on the best */
+    int dropped;          /**< the last report lowered the rate (plateau) */
+} dtr_metric_stats;
+
+/** Reports a metric measured since the last report, once an epoch or an evaluation (torch's
+ *  ReduceLROnPlateau.step(metric)): it counts as an improvement when it beats the best so
+ *  far by the schedule's threshold (lower is better, or higher with schedule.maximize; a NaN
+ *  never improves). With a DTR_SCHED_PLATEAU schedule, more than step_size reports without
+ *  an improvement lower schedule.lr to max(lr * gamma, min_lr) (dropped when that moves it by
+ *  more than 1e-8, as torch), then `cooldown` reports count as none bad. Under any other
+ *  schedule the rate stays and the counts serve early stopping. Data parallelism: report the
+ *  same metric on every rank (its mean over the ranks' shards), or their rates part. Part of
+ *  the saved state (dtr_optimizer_state's "reports").
+ *  @param stats  the counts after this report (may be NULL).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_report_metric(dtr_optimizer *opt, double metric, dtr_metric_stats *stats);
+/** The counts of the reports so far (all zero but best before the first).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_metric_stats(const dtr_optimizer *opt, dtr_metric_stats *stats);
 /** The optimizer's moment buffers: `count` buffers (SGD with momentum: 1; the Adam family and
  *  LAMB: 2, m and v; RMSprop: the square average, then the momentum buffer with momentum;
  *  Adagrad: 1, the sum of squares), NULL past the end (and for every index when the state
@@ -1713,14 +1787,17 @@ DTR_API size_t dtr_optimizer_state_bytes(dtr_optimizer *opt);
 DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, int64_t end, int *updated);
 
 /** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,
- *  micro-batches since the last update), "schedule" (its dtr_schedule, which
- *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
+ *  micro-batches since the last update), "schedule" (its dtr_schedule's fields from kind to
+ *  gamma: dtr_optimizer_set_lr and the plateau change lr), then the moments "m" and "v" where the kind has them
  *  (the trainable floats of its range each, see dtr_optimizer_moments; device memory on a
  *  device backend), and last "started" (int64 per parameter: the update count its state started
  *  at, moved on by every update that left it out, so that "steps" minus it is the parameter's
  *  own update count; -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
  *  the model's trainable set). dtr_ckpt restores a checkpoint written before "started" existed
- *  with every trainable parameter started at 0.
+ *  with every trainable parameter started at 0. After it: "schedule2" (the rest of the
+ *  dtr_schedule: milestones, one-cycle and plateau settings) and "reports" (the
+ *  dtr_metric_stats of dtr_optimizer_report_metric); dtr_ckpt restores a checkpoint written
+ *  before them with the optimizer's own (as created).
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_entry *out);
@@ -4910,7 +4987,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4914 "dtrain.h"
+#line 4991 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5872,7 +5949,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5876 "dtrain.h"
+#line 5953 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6370,7 +6447,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6374 "dtrain.h"
+#line 6451 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6432,7 +6509,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6436 "dtrain.h"
+#line 6513 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6812,7 +6889,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6816 "dtrain.h"
+#line 6893 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6855,7 +6932,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6859 "dtrain.h"
+#line 6936 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6892,7 +6969,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6896 "dtrain.h"
+#line 6973 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6951,7 +7028,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6955 "dtrain.h"
+#line 7032 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7025,7 +7102,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7029 "dtrain.h"
+#line 7106 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7093,7 +7170,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7097 "dtrain.h"
+#line 7174 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7168,7 +7245,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7172 "dtrain.h"
+#line 7249 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7520,7 +7597,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7524 "dtrain.h"
+#line 7601 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8518,7 +8595,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8522 "dtrain.h"
+#line 8599 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9193,7 +9270,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9197 "dtrain.h"
+#line 9274 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9284,7 +9361,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9288 "dtrain.h"
+#line 9365 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9766,7 +9843,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9770 "dtrain.h"
+#line 9847 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10022,7 +10099,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10026 "dtrain.h"
+#line 10103 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10255,7 +10332,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10259 "dtrain.h"
+#line 10336 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10374,7 +10451,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10378 "dtrain.h"
+#line 10455 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10430,7 +10507,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10434 "dtrain.h"
+#line 10511 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10859,7 +10936,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 10863 "dtrain.h"
+#line 10940 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11124,7 +11201,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11128 "dtrain.h"
+#line 11205 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11688,7 +11765,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11692 "dtrain.h"
+#line 11769 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11870,7 +11947,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11874 "dtrain.h"
+#line 11951 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13500,7 +13577,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13504 "dtrain.h"
+#line 13581 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14482,7 +14559,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14486 "dtrain.h"
+#line 14563 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14744,7 +14821,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14748 "dtrain.h"
+#line 14825 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15145,7 +15222,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15149 "dtrain.h"
+#line 15226 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15291,7 +15368,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15295 "dtrain.h"
+#line 15372 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16188,7 +16265,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16192 "dtrain.h"
+#line 16269 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16654,7 +16731,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16658 "dtrain.h"
+#line 16735 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -16930,7 +17007,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 16934 "dtrain.h"
+#line 17011 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17167,7 +17244,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17171 "dtrain.h"
+#line 17248 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17460,7 +17537,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17464 "dtrain.h"
+#line 17541 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -17521,6 +17598,7 @@ struct dtr_optimizer {
     double given_norm;        /* dtr__optimizer_give_norm: the next step's norm, when norm_given */
     int norm_given;
     int keep_grads;           /* an update does not zero the gradients (dtr__optimizer_keep_grads) */
+    dtr_metric_stats reports; /* dtr_optimizer_report_metric's counts (saved) */
 };
 
 /* ---- schedules ---- */
@@ -17528,10 +17606,55 @@ struct dtr_optimizer {
 /* the fraction of the way through a decay of `total` steps at t (1 past its end) */
 static double dtr__sched_frac(double t, int64_t total) { return total <= 0 || t >= (double)total ? 1.0 : t / (double)total; }
 
+/* from a (pct 0) to b (pct 1) along half a cosine, as torch's OneCycleLR (_annealing_cos) */
+static double dtr__anneal_cos(double a, double b, double pct) { return b + (a - b) / 2.0 * (cos(3.14159265358979323846 * pct) + 1.0); }
+
+/* one-cycle at `step`: 0 while rising (to lr at warmup_steps - 1), 1 while falling (to min_lr at
+   warmup_steps + total_steps - 1, and after), with the phase's fraction done (torch's phases) */
+static int dtr__cycle_at(const dtr_schedule *s, int64_t step, double *pct) {
+    double e1 = (double)s->warmup_steps - 1.0, e2 = (double)(s->warmup_steps + s->total_steps) - 1.0, t = (double)step;
+    if (t <= e1) {
+        *pct = e1 > 0.0 ? t / e1 : 1.0;
+        return 0;
+    }
+    *pct = t >= e2 ? 1.0 : (t - e1) / (e2 - e1);
+    return 1;
+}
+
+/* cosine restarts at t: lr from min_lr's side, the cycle's step over its length (torch's
+   T_cur / T_i, counted as its step() does: each cycle gamma times the last) */
+static double dtr__restart_frac(const dtr_schedule *s, int64_t t) {
+    int64_t len = s->step_size, mult = (int64_t)s->gamma;
+    if (mult <= 1) return (double)(t % len) / (double)len;
+    while (t >= len && len <= INT64_MAX / mult) t -= len, len *= mult;
+    return (double)t / (double)len;
+}
+
+/* multi-step: the milestones at or before t */
+static int dtr__milestones_passed(const dtr_schedule *s, int64_t t) {
+    int k = 0;
+    while (k < DTR_SCHED_MAX_MILESTONES && s->milestones[k] > 0 && s->milestones[k] <= t) k++;
+    return k;
+}
+
+static double dtr__schedule_momentum_d(const dtr_schedule *s, int64_t step, double momentum) {
+    double pct;
+    if (!s || s->kind != DTR_SCHED_ONE_CYCLE || !(s->max_momentum > 0.0f)) return momentum;
+    if (step < 0) step = 0;
+    return dtr__cycle_at(s, step, &pct) == 0 ? dtr__anneal_cos(s->max_momentum, s->base_momentum, pct)
+                                              : dtr__anneal_cos(s->base_momentum, s->max_momentum, pct);
+}
+
+float dtr_schedule_momentum(const dtr_schedule *s, int64_t step, float momentum) {
+    return (float)dtr__schedule_momentum_d(s, step, momentum);
+}
+
 float dtr_schedule_lr(const dtr_schedule *s, int64_t step) {
     double lr = s ? s->lr : 0.0, mn = s ? s->min_lr : 0.0, t, f, ts;
     if (!s) return 0.0f;
     if (step < 0) step = 0;
+    if (s->kind == DTR_SCHED_ONE_CYCLE)   /* its warm-up is the cosine's rise */
+        return (float)(dtr__cycle_at(s, step, &f) == 0 ? dtr__anneal_cos(s->start_lr, lr, f) : dtr__anneal_cos(lr, mn, f));
     if (s->warmup_steps > 0 && step < s->warmup_steps) return (float)(lr * (double)(step + 1) / (double)s->warmup_steps);
     t = (double)(step - (s->warmup_steps > 0 ? s->warmup_steps : 0));
     f = dtr__sched_frac(t, s->total_steps);
@@ -17545,23 +17668,51 @@ float dtr_schedule_lr(const dtr_schedule *s, int64_t step) {
     case DTR_SCHED_INV_SQRT:
         ts = (double)(s->step_size > 0 ? s->step_size : s->warmup_steps > 0 ? s->warmup_steps : 10000);
         return (float)(lr / sqrt((t + ts) / ts));
-    default: return (float)lr;
+    case DTR_SCHED_MULTISTEP: return (float)(lr * pow(s->gamma, dtr__milestones_passed(s, (int64_t)t)));
+    case DTR_SCHED_COSINE_RESTARTS:
+        return (float)(mn + (lr - mn) * (1.0 + cos(3.14159265358979323846 * dtr__restart_frac(s, (int64_t)t))) / 2.0);
+    default: return (float)lr;   /* constant, plateau (the optimizer lowers s->lr) */
     }
+}
+
+/* dtr__schedule_bad's checks of the milestones and one-cycle's fields */
+static const char *dtr__schedule_bad_more(const dtr_schedule *s) {
+    int k;
+    for (k = 0; s->kind == DTR_SCHED_MULTISTEP && k < DTR_SCHED_MAX_MILESTONES; k++)
+        if (s->milestones[k] < 0 || (k > 0 && s->milestones[k] && s->milestones[k] <= s->milestones[k - 1]) ||
+            (k > 0 && s->milestones[k] && !s->milestones[k - 1]))
+            return "milestones must be > 0 and ascending, a 0 ending them";
+    if (s->max_momentum != 0.0f && s->kind != DTR_SCHED_ONE_CYCLE) return "max_momentum is for one-cycle schedules";
+    if (s->kind != DTR_SCHED_ONE_CYCLE) return NULL;
+    if (!(s->start_lr >= 0.0f) || !isfinite(s->start_lr)) return "one-cycle needs a finite start_lr >= 0";
+    if (s->max_momentum != 0.0f && !(s->max_momentum > 0.0f && s->max_momentum < 1.0f && s->base_momentum > 0.0f &&
+                                     s->base_momentum < 1.0f))
+        return "one-cycle's max_momentum and base_momentum must be in (0, 1) (max_momentum 0: not cycled)";
+    return NULL;
 }
 
 /* NULL when s is a schedule dtr_schedule_lr can follow, else what is wrong with it (its lr
    aside: dtr_optimizer_create checks it, dtr_optimizer_set_lr replaces it) */
 static const char *dtr__schedule_bad(const dtr_schedule *s) {
-    int decays = s->kind == DTR_SCHED_COSINE || s->kind == DTR_SCHED_LINEAR || s->kind == DTR_SCHED_POLY;
-    if ((int)s->kind < 0 || s->kind > DTR_SCHED_INV_SQRT) return "unknown kind";
+    dtr_schedule_kind k = s->kind;
+    int decays = k == DTR_SCHED_COSINE || k == DTR_SCHED_LINEAR || k == DTR_SCHED_POLY || k == DTR_SCHED_ONE_CYCLE;
+    if ((int)k < 0 || k > DTR_SCHED_PLATEAU) return "unknown kind";
     if (s->warmup_steps < 0 || s->step_size < 0) return "warmup_steps and step_size must be >= 0";
     if (decays && (s->total_steps <= 0 || !(s->min_lr >= 0.0f) || !isfinite(s->min_lr)))
-        return "a decay (cosine, linear, polynomial) needs total_steps > 0 and a finite min_lr >= 0";
-    if ((s->kind == DTR_SCHED_STEP || s->kind == DTR_SCHED_EXPONENTIAL || s->kind == DTR_SCHED_POLY) &&
+        return "a decay (cosine, linear, polynomial, one-cycle) needs total_steps > 0 and a finite min_lr >= 0";
+    if ((k == DTR_SCHED_COSINE_RESTARTS || k == DTR_SCHED_PLATEAU) && (!(s->min_lr >= 0.0f) || !isfinite(s->min_lr)))
+        return "min_lr must be finite and >= 0";
+    if ((k == DTR_SCHED_STEP || k == DTR_SCHED_EXPONENTIAL || k == DTR_SCHED_POLY || k == DTR_SCHED_MULTISTEP) &&
         !(s->gamma > 0.0f && isfinite(s->gamma)))
         return "gamma (the step and exponential factor, the polynomial power) must be > 0";
-    if (s->kind == DTR_SCHED_STEP && s->step_size <= 0) return "the step schedule needs step_size > 0";
-    return NULL;
+    if ((k == DTR_SCHED_STEP || k == DTR_SCHED_COSINE_RESTARTS) && s->step_size <= 0)
+        return "the step and restarts schedules need step_size > 0";
+    if (k == DTR_SCHED_COSINE_RESTARTS && !(s->gamma >= 1.0f && s->gamma <= 1e6f && s->gamma == (float)(int64_t)s->gamma))
+        return "the restarts' gamma (each cycle's growth) must be a whole number from 1 to 1e6";
+    if (k == DTR_SCHED_PLATEAU && !(s->gamma > 0.0f && s->gamma < 1.0f)) return "the plateau's gamma must be in (0, 1)";
+    if (!(s->threshold >= 0.0f) || !isfinite(s->threshold) || s->cooldown < 0)
+        return "threshold must be finite and >= 0, cooldown >= 0";
+    return dtr__schedule_bad_more(s);
 }
 
 /* ---- configuration ---- */
@@ -17797,6 +17948,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     dtr_context *ctx;
     dtr_optimizer *o;
     dtr_result r;
+    float momentum;
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     ctx = dtr_model_context(model);
@@ -17809,9 +17961,13 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
                                                     ">= 0 and betas in [0, 1)");
     if ((int)cfg->nonfinite < 0 || cfg->nonfinite > DTR_NONFINITE_OFF)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
-    if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     if ((r = dtr__check_rates(ctx, cfg)) != DTR_OK) return r;
+    momentum = cfg->schedule.max_momentum > 0.0f ? cfg->schedule.max_momentum : cfg->momentum;   /* one-cycle's */
+    if (cfg->nesterov && (momentum <= 0.0f || cfg->dampening != 0.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
+    if (cfg->kind == DTR_OPT_ADAGRAD && cfg->schedule.max_momentum > 0.0f)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Adagrad has no momentum for one-cycle to cycle "
+                         "(schedule.max_momentum 0)");
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
     if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
@@ -17823,8 +17979,9 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
-    o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
-              : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
+    o->nbuf = cfg->kind == DTR_OPT_SGD ? (momentum > 0.0f ? 1 : 0)
+              : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && momentum <= 0.0f) ? 1 : 2;
+    o->reports.best = cfg->schedule.maximize ? -HUGE_VAL : HUGE_VAL;
     if ((r = dtr__param_flags(o)) != DTR_OK) {
         dtr_optimizer_destroy(o);
         return r;
@@ -17872,6 +18029,38 @@ int64_t dtr_optimizer_skipped(const dtr_optimizer *o) { return o ? o->skipped : 
 double dtr_optimizer_grad_norm(const dtr_optimizer *o) { return o ? o->last_norm : 0.0; }
 float dtr_optimizer_lr(const dtr_optimizer *o) { return o ? dtr_schedule_lr(&o->cfg.schedule, o->steps) : 0.0f; }
 void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.lr = lr; }
+
+/* metric a improves on best by s's threshold (torch's ReduceLROnPlateau.is_better; NaN never) */
+static int dtr__metric_better(const dtr_schedule *s, double a, double best) {
+    double th = s->threshold;
+    if (s->maximize) return s->threshold_abs ? a > best + th : a > best * (th + 1.0);
+    return s->threshold_abs ? a < best - th : a < best * (1.0 - th);
+}
+
+dtr_result dtr_optimizer_report_metric(dtr_optimizer *o, double metric, dtr_metric_stats *stats) {
+    dtr_metric_stats *st;
+    dtr_schedule *s;
+    if (!o) return DTR_NULL_HANDLE;
+    st = &o->reports, s = &o->cfg.schedule;
+    st->reports++;
+    st->improved = dtr__metric_better(s, metric, st->best), st->dropped = 0;
+    if (st->improved) st->best = metric, st->bad = 0;
+    else st->bad++;
+    if (st->cooldown > 0) st->cooldown--, st->bad = 0;
+    if (s->kind == DTR_SCHED_PLATEAU && st->bad > s->step_size) {   /* torch's _reduce_lr */
+        double lr = (double)s->lr, next = lr * (double)s->gamma > (double)s->min_lr ? lr * (double)s->gamma : (double)s->min_lr;
+        if (lr - next > 1e-8) s->lr = (float)next, st->dropped = 1, st->drops++;
+        st->cooldown = s->cooldown, st->bad = 0;
+    }
+    if (stats) *stats = *st;
+    return DTR_OK;
+}
+
+dtr_result dtr_optimizer_metric_stats(const dtr_optimizer *o, dtr_metric_stats *stats) {
+    if (!o || !stats) return DTR_NULL_HANDLE;
+    *stats = o->reports;
+    return DTR_OK;
+}
 
 float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
     int n;
@@ -18159,10 +18348,10 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     a.m = o->m;
     a.v = o->v;
     a.lr = dtr_schedule_lr(&o->cfg.schedule, o->steps);
-    a.momentum = o->cfg.momentum;
+    a.momentum = (float)dtr__schedule_momentum_d(&o->cfg.schedule, o->steps, o->cfg.momentum);   /* one-cycle may cycle */
     a.dampening = o->cfg.dampening;
     a.nesterov = o->cfg.nesterov;
-    a.beta1 = o->cfg.beta1;
+    a.beta1 = dtr__schedule_momentum_d(&o->cfg.schedule, o->steps, o->cfg.beta1);   /* them */
     a.beta2 = o->cfg.beta2;
     a.eps = o->cfg.eps;
     a.weight_decay = o->cfg.weight_decay;
@@ -18259,6 +18448,16 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
 
 /* ---- state ---- */
 
+/* the bytes of dtr_schedule saved as "schedule" (its fields before the milestones, as they
+   were before them); the rest is "schedule2" */
+#define DTR__SCHEDULE_HEAD offsetof(dtr_schedule, milestones)
+
+/* the loaded report counts are counts */
+static int dtr__reports_bad(const dtr_metric_stats *st) {
+    return st->reports < 0 || st->bad < 0 || st->cooldown < 0 || st->drops < 0 || st->bad > st->reports ||
+           st->drops > st->reports || (st->improved & ~1) || (st->dropped & ~1) || st->best != st->best;
+}
+
 dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out) {
     size_t bytes;
     dtr_result r;
@@ -18269,11 +18468,16 @@ dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out
     dev = !dtr__host_memory(dtr_model_context(o->model));
     if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
     if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);
-    if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, sizeof o->cfg.schedule, 0);
+    if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, DTR__SCHEDULE_HEAD, 0);
     if (index == 3 && o->m) return dtr__state_put(out, "m", o->m, bytes, dev);
     if (index == 4 && o->v) return dtr__state_put(out, "v", o->v, bytes, dev);
-    if (index == 3 + o->nbuf)   /* last: files from before it lack it */
+    /* last, in the order they came: files from before them lack them */
+    if (index == 3 + o->nbuf)
         return dtr__state_put(out, "started", o->started, (size_t)dtr_model_param_count(o->model) * sizeof(int64_t), 0);
+    if (index == 4 + o->nbuf)
+        return dtr__state_put(out, "schedule2", (char *)&o->cfg.schedule + DTR__SCHEDULE_HEAD,
+                              sizeof o->cfg.schedule - DTR__SCHEDULE_HEAD, 0);
+    if (index == 5 + o->nbuf) return dtr__state_put(out, "reports", &o->reports, sizeof o->reports, 0);
     return DTR_NOT_FOUND;
 }
 
@@ -18301,6 +18505,10 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
     if (dtr__schedule_bad(&o->cfg.schedule))
         return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: the saved schedule "
                          "(kind %d): %s", (int)o->cfg.schedule.kind, dtr__schedule_bad(&o->cfg.schedule));
+    if (dtr__reports_bad(&o->reports))
+        return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: the saved metric "
+                         "reports (%lld, %lld bad, %lld drops) are not counts", (long long)o->reports.reports,
+                         (long long)o->reports.bad, (long long)o->reports.drops);
     if ((r = dtr__layout(o)) != DTR_OK || (r = dtr__check_started(o)) != DTR_OK) return r;
     dtr__map_fill(o, &o->map);   /* the runs split where the starts differ; the state stays where it is */
     if (o->run_seg) dtr__lamb_segments(o);
@@ -18317,7 +18525,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18321 "dtrain.h"
+#line 18529 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18455,7 +18663,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18459 "dtrain.h"
+#line 18667 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -18802,7 +19010,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 18806 "dtrain.h"
+#line 19014 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -18868,7 +19076,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 18872 "dtrain.h"
+#line 19080 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19105,7 +19313,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19109 "dtrain.h"
+#line 19317 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -19854,7 +20062,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 19858 "dtrain.h"
+#line 20066 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20307,7 +20515,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20311 "dtrain.h"
+#line 20519 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20363,7 +20571,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20367 "dtrain.h"
+#line 20575 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21205,7 +21413,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21209 "dtrain.h"
+#line 21417 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21786,7 +21994,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 21790 "dtrain.h"
+#line 21998 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22417,7 +22625,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22421 "dtrain.h"
+#line 22629 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23213,7 +23421,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23217 "dtrain.h"
+#line 23425 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23566,7 +23774,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23570 "dtrain.h"
+#line 23778 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23756,7 +23964,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23760 "dtrain.h"
+#line 23968 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -23937,7 +24145,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 23941 "dtrain.h"
+#line 24149 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24712,7 +24920,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24716 "dtrain.h"
+#line 24924 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25229,7 +25437,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25233 "dtrain.h"
+#line 25441 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26024,7 +26232,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26028 "dtrain.h"
+#line 26236 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27272,7 +27480,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27276 "dtrain.h"
+#line 27484 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -27894,7 +28102,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 27898 "dtrain.h"
+#line 28106 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28395,7 +28603,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28399 "dtrain.h"
+#line 28607 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29125,7 +29333,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29129 "dtrain.h"
+#line 29337 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29361,7 +29569,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29365 "dtrain.h"
+#line 29573 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29490,7 +29698,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29494 "dtrain.h"
+#line 29702 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -29940,7 +30148,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 29944 "dtrain.h"
+#line 30152 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30433,7 +30641,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30437 "dtrain.h"
+#line 30645 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31048,7 +31256,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31052 "dtrain.h"
+#line 31260 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31554,7 +31762,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31558 "dtrain.h"
+#line 31766 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33106,7 +33314,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33110 "dtrain.h"
+#line 33318 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33160,7 +33368,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33164 "dtrain.h"
+#line 33372 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34193,6 +34401,13 @@ static void dtr__ck_fix_cursor(dtr_ckpt *ck, unsigned char *dst) {
     memcpy(dst, &c, sizeof c);
 }
 
+/* 1 for the optimizer's entries added after the format's first checkpoints (per-parameter
+   steps, the schedule's later fields, metric reports): an older file lacks them */
+static int dtr__ck_newer(const char *name) {
+    return strcmp(name, "optimizer/started") == 0 || strcmp(name, "optimizer/schedule2") == 0 ||
+           strcmp(name, "optimizer/reports") == 0;
+}
+
 /* Stages live entry d from the checkpoint (verified) at ck->stage + d->off. */
 static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d) {
     int same = s->m->world == ck->world, k = same ? ck->rank : ck->rank % s->m->world;
@@ -34208,8 +34423,8 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
     }
     if (!same && o->kind == DTR__CK_DP && !dtr__ck_has(&s->m->files[k], d->name))   /* saved without an engine */
         return dtr__ck_copy(ck, d, ck->stage + d->off, 0);
-    if (o->kind == DTR__CK_OPT && strcmp(d->name, "optimizer/started") == 0 && !dtr__ck_has(&s->m->files[k], d->name))
-        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);   /* a file from before per-parameter steps: as created */
+    if (o->kind == DTR__CK_OPT && dtr__ck_newer(d->name) && !dtr__ck_has(&s->m->files[k], d->name))
+        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);   /* a file from before the entry: as created */
     if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
     if (bytes != d->e.bytes) return dtr__ck_size_err(ck, s, k, d, bytes);
     memcpy(ck->stage + d->off, src, d->e.bytes);
@@ -34357,7 +34572,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34361 "dtrain.h"
+#line 34576 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35260,7 +35475,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35264 "dtrain.h"
+#line 35479 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36738,7 +36953,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36742 "dtrain.h"
+#line 36957 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37131,7 +37346,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37135 "dtrain.h"
+#line 37350 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37280,7 +37495,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37284 "dtrain.h"
+#line 37499 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -145,6 +145,9 @@ static dtr_optimizer_config case_config(const optf_case *c, dtr_lr_group *group)
     cfg.schedule.min_lr = c->min_lr;
     cfg.schedule.warmup_steps = c->warmup;
     cfg.schedule.total_steps = c->total;
+    cfg.schedule.start_lr = c->start_lr;
+    cfg.schedule.max_momentum = c->max_m;
+    cfg.schedule.base_momentum = c->base_m;
     return cfg;
 }
 
@@ -471,18 +474,74 @@ static void test_schedules(void) {
         sc.total_steps = c->total_steps;
         sc.step_size = c->step_size;
         sc.gamma = c->gamma;
+        memcpy(sc.milestones, c->milestones, sizeof sc.milestones);
+        sc.start_lr = c->start_lr, sc.max_momentum = c->max_m, sc.base_momentum = c->base_m;
         for (s = 0; s < c->n; s++) {
-            float lr = dtr_schedule_lr(&sc, s);
+            float lr = dtr_schedule_lr(&sc, s), mom = dtr_schedule_momentum(&sc, s, 0.5f);
             double e = fabs((double)lr - c->lr_at[s]) / fmax(fabs((double)c->lr_at[s]), 1e-3 * c->lr); /* 0 at a decay's end */
             g_max_err_sched = fmax(g_max_err_sched, e);
             CHECK_MSG(e <= 1e-6, "schedule %s step %d: %.9g, torch %.9g", c->name, s, lr, c->lr_at[s]);
+            CHECK_MSG(c->mom_at ? rel_err(mom, c->mom_at[s]) <= 1e-6 : mom == 0.5f, "schedule %s step %d: momentum %.9g, "
+                      "torch %.9g", c->name, s, mom, c->mom_at ? c->mom_at[s] : 0.5f);
         }
         /* a negative step counts as step 0; past the end a decay stays at min_lr */
         CHECK(dtr_schedule_lr(&sc, -3) == dtr_schedule_lr(&sc, 0));
-        if (c->kind == DTR_SCHED_COSINE || c->kind == DTR_SCHED_LINEAR || c->kind == DTR_SCHED_POLY)
+        if (c->kind == DTR_SCHED_COSINE || c->kind == DTR_SCHED_LINEAR || c->kind == DTR_SCHED_POLY ||
+            c->kind == DTR_SCHED_ONE_CYCLE)
             CHECK_NEAR(dtr_schedule_lr(&sc, c->warmup_steps + c->total_steps + 100), c->min_lr, 1e-9);
+        if (c->mom_at) CHECK_NEAR(dtr_schedule_momentum(&sc, c->warmup_steps + c->total_steps + 100, 0.5f), c->max_m, 1e-7);
     }
     CHECK(dtr_schedule_lr(NULL, 3) == 0.0f);
+    CHECK(dtr_schedule_momentum(NULL, 3, 0.9f) == 0.9f);
+}
+
+/* The plateau schedule against torch's ReduceLROnPlateau: the rate, num_bad_epochs and best
+ * after each report; the same reports under a constant schedule keep the rate and count
+ * alike until the first drop (early stopping's counts); the counts resume from the state. */
+static void test_plateau(void) {
+    int i, s;
+    for (i = 0; i < OPTF_NPLATEAUS; i++) {
+        const optf_plateau *c = &optf_plateaus[i];
+        fx f;
+        dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_SGD, c->lr);
+        dtr_optimizer *opt = NULL, *plain = NULL, *resumed = NULL;
+        dtr_metric_stats st, ps;
+        int dropped = 0;
+        cfg.schedule.kind = DTR_SCHED_PLATEAU;
+        cfg.schedule.gamma = c->factor, cfg.schedule.step_size = c->patience, cfg.schedule.min_lr = c->min_lr;
+        cfg.schedule.threshold = c->threshold, cfg.schedule.threshold_abs = c->threshold_abs;
+        cfg.schedule.maximize = c->maximize, cfg.schedule.cooldown = c->cooldown;
+        fx_open(&f);
+        CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+        CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &resumed));
+        cfg.schedule.kind = DTR_SCHED_CONSTANT;
+        CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &plain));
+        if (!opt || !plain || !resumed) { fx_close(&f); continue; }
+        CHECK_OK(f.ctx, dtr_optimizer_metric_stats(opt, &st));
+        CHECK(st.reports == 0 && st.best == (c->maximize ? -INFINITY : INFINITY));
+        for (s = 0; s < c->n; s++) {
+            if (s == c->n / 2) {   /* halfway: the state into a fresh optimizer, which goes on */
+                copy_state(opt, resumed);
+                CHECK_OK(f.ctx, dtr_optimizer_state_loaded(resumed));
+                dtr_optimizer_destroy(opt), opt = resumed, resumed = NULL;
+            }
+            CHECK_OK(f.ctx, dtr_optimizer_report_metric(opt, c->metric[s], &st));
+            CHECK_OK(f.ctx, dtr_optimizer_report_metric(plain, c->metric[s], &ps));
+            CHECK_MSG(rel_err(dtr_optimizer_lr(opt), c->lr_after[s]) <= 1e-6 && st.bad == c->bad[s] && st.best == c->best[s] &&
+                      st.reports == s + 1, "plateau %s report %d (%g): lr %.9g bad %lld best %.9g, torch %.9g %d %.9g",
+                      c->name, s, c->metric[s], dtr_optimizer_lr(opt), (long long)st.bad, st.best, c->lr_after[s], c->bad[s],
+                      c->best[s]);
+            CHECK(st.dropped == (s > 0 && c->lr_after[s] != c->lr_after[s - 1]));
+            dropped += st.dropped;
+            CHECK(dtr_optimizer_lr(plain) == c->lr && ps.best == c->best[s] && ps.drops == 0 && ps.improved == st.improved);
+            if (!dropped) CHECK(ps.bad == st.bad);
+        }
+        CHECK(dropped > 0 && st.drops == dropped);
+        dtr_optimizer_destroy(opt), dtr_optimizer_destroy(plain), dtr_optimizer_destroy(resumed);
+        fx_close(&f);
+    }
+    CHECK_EQ_INT(dtr_optimizer_report_metric(NULL, 1.0, NULL), DTR_NULL_HANDLE);
+    CHECK_EQ_INT(dtr_optimizer_metric_stats(NULL, NULL), DTR_NULL_HANDLE);
 }
 
 /* dtr_optimizer_lr / dtr_optimizer_steps follow the schedule, one step per update (not per
@@ -678,7 +737,14 @@ static void test_invalid_configs(void) {
     expect_invalid(&f, &c, "unknown kind");
     {   /* schedules dtr_schedule_lr cannot follow, and lr groups without a pattern or scale */
         static const struct { dtr_schedule_kind kind; float min_lr, gamma; int64_t total, step_size; const char *what; } bad[] = {
-            {(dtr_schedule_kind)9, 0.0f, 0.5f, 10, 1, "unknown schedule kind"},
+            {(dtr_schedule_kind)17, 0.0f, 0.5f, 10, 1, "unknown schedule kind"},
+            {DTR_SCHED_ONE_CYCLE, 0.0f, 0.5f, 0, 1, "one-cycle without total_steps"},
+            {DTR_SCHED_COSINE_RESTARTS, 0.0f, 2.0f, 10, 0, "restarts without a cycle length"},
+            {DTR_SCHED_COSINE_RESTARTS, 0.0f, 1.5f, 10, 4, "restarts growing by 1.5"},
+            {DTR_SCHED_COSINE_RESTARTS, 0.0f, 0.0f, 10, 4, "restarts growing by 0"},
+            {DTR_SCHED_PLATEAU, 0.0f, 1.0f, 10, 4, "plateau factor 1"},
+            {DTR_SCHED_PLATEAU, -1.0f, 0.5f, 10, 4, "plateau to a negative floor"},
+            {DTR_SCHED_MULTISTEP, 0.0f, -0.5f, 10, 4, "multi-step by a negative factor"},
             {DTR_SCHED_COSINE, 0.0f, 0.5f, 0, 1, "cosine without total_steps"},
             {DTR_SCHED_LINEAR, -0.2f, 0.5f, 10, 1, "linear to a negative min_lr"},
             {DTR_SCHED_POLY, 0.0f, 0.0f, 10, 1, "polynomial power 0"},
@@ -693,6 +759,27 @@ static void test_invalid_configs(void) {
             c.schedule.total_steps = bad[k].total, c.schedule.step_size = bad[k].step_size;
             expect_invalid(&f, &c, bad[k].what);
         }
+        c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+        c.schedule.kind = DTR_SCHED_MULTISTEP, c.schedule.milestones[0] = 5, c.schedule.milestones[1] = 5;
+        expect_invalid(&f, &c, "milestones not ascending");
+        c.schedule.milestones[1] = 0, c.schedule.milestones[2] = 9;
+        expect_invalid(&f, &c, "a milestone after the list's end");
+        c.schedule.milestones[0] = -5;
+        expect_invalid(&f, &c, "a negative milestone");
+        c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+        c.schedule.max_momentum = 0.9f, c.schedule.base_momentum = 0.8f;
+        expect_invalid(&f, &c, "momentum cycled by a constant schedule");
+        c.schedule.kind = DTR_SCHED_ONE_CYCLE, c.schedule.total_steps = 10, c.schedule.base_momentum = 1.0f;
+        expect_invalid(&f, &c, "one-cycle's base momentum 1");
+        c.schedule.base_momentum = 0.8f, c.schedule.start_lr = -1.0f;
+        expect_invalid(&f, &c, "one-cycle from a negative rate");
+        c.schedule.start_lr = 0.01f, c.kind = DTR_OPT_ADAGRAD;
+        expect_invalid(&f, &c, "one-cycle cycling Adagrad's momentum");
+        c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+        c.schedule.threshold = -1e-4f;
+        expect_invalid(&f, &c, "a negative threshold");
+        c.schedule.threshold = 0.0f, c.schedule.cooldown = -1;
+        expect_invalid(&f, &c, "a negative cooldown");
         c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
         c.lr_groups = g, c.n_lr_groups = 2;
         expect_invalid(&f, &c, "lr group without a pattern");
@@ -1033,6 +1120,7 @@ int main(void) {
     RUN(test_clip_grad_norm);
     RUN(test_schedules);
     RUN(test_optimizer_schedule);
+    RUN(test_plateau);
     RUN(test_backward_then_step);
     RUN(test_lamb_zero_param);
     RUN(test_frozen);

@@ -131,12 +131,13 @@ static void test_full_state_resume(void) {
     make_data();
     CHECK(rig_open(&g, DTR_OPT_SGD));
     for (i = 0; i < 7; i++) CHECK(!isnan(rig_step(&g)));          /* into the middle of epoch 2 */
-    CHECK_EQ_INT(checkpoint(&g, &b, 0), 1 + 2 + 5 + 1);            /* rng; params, grads; steps, micro, schedule, m, started; cursor */
+    CHECK_EQ_INT(checkpoint(&g, &b, 0), 1 + 2 + 7 + 1);            /* rng; params, grads; steps, micro, schedule, m, started,
+                                                                      schedule2, reports; cursor */
     for (i = 0; i < 9; i++) first[i] = rig_step(&g);
     n = dtr_model_numel(g.m);
     params_first = (float *)malloc((size_t)n * sizeof(float));
     memcpy(params_first, dtr_model_params(g.m), (size_t)n * sizeof(float));
-    CHECK_EQ_INT(checkpoint(&g, &b, 1), 9);                        /* back to step 7 */
+    CHECK_EQ_INT(checkpoint(&g, &b, 1), 11);                       /* back to step 7 */
     CHECK_EQ_INT(dtr_optimizer_steps(g.opt), 7);
     for (i = 0; i < 9; i++) again[i] = rig_step(&g);
     params_again = dtr_model_params(g.m);
@@ -159,7 +160,15 @@ static void test_state_errors(void) {
     CHECK(strcmp(e.name, "v") == 0 && e.bytes == (size_t)dtr_model_numel(g.m) * sizeof(float));
     CHECK_OK(g.ctx, dtr_optimizer_state(g.opt, 5, &e));            /* then each parameter's start */
     CHECK(strcmp(e.name, "started") == 0 && e.bytes == (size_t)dtr_model_param_count(g.m) * sizeof(int64_t));
-    CHECK_EQ_INT(dtr_optimizer_state(g.opt, 6, &e), DTR_NOT_FOUND);
+    CHECK_OK(g.ctx, dtr_optimizer_state(g.opt, 6, &e));            /* the rest of the schedule */
+    CHECK(strcmp(e.name, "schedule2") == 0 && e.bytes == sizeof(dtr_schedule) - offsetof(dtr_schedule, milestones));
+    CHECK_OK(g.ctx, dtr_optimizer_state(g.opt, 7, &e));            /* the metric reports */
+    CHECK(strcmp(e.name, "reports") == 0 && e.bytes == sizeof(dtr_metric_stats));
+    ((dtr_metric_stats *)e.data)->bad = -2;                        /* corrupt */
+    CHECK_EQ_INT(dtr_optimizer_state_loaded(g.opt), DTR_CORRUPT_FILE);
+    dtr_context_clear_error(g.ctx);
+    ((dtr_metric_stats *)e.data)->bad = 0;
+    CHECK_EQ_INT(dtr_optimizer_state(g.opt, 8, &e), DTR_NOT_FOUND);
     CHECK_EQ_INT(dtr_loader_state(g.ld, 1, &e), DTR_NOT_FOUND);
     CHECK_OK(g.ctx, dtr_optimizer_state(g.opt, 0, &e));
     steps = (int64_t *)e.data;

@@ -1027,6 +1027,13 @@ static void dtr__ck_fix_cursor(dtr_ckpt *ck, unsigned char *dst) {
     memcpy(dst, &c, sizeof c);
 }
 
+/* 1 for the optimizer's entries added after the format's first checkpoints (per-parameter
+   steps, the schedule's later fields, metric reports): an older file lacks them */
+static int dtr__ck_newer(const char *name) {
+    return strcmp(name, "optimizer/started") == 0 || strcmp(name, "optimizer/schedule2") == 0 ||
+           strcmp(name, "optimizer/reports") == 0;
+}
+
 /* Stages live entry d from the checkpoint (verified) at ck->stage + d->off. */
 static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d) {
     int same = s->m->world == ck->world, k = same ? ck->rank : ck->rank % s->m->world;
@@ -1042,8 +1049,8 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
     }
     if (!same && o->kind == DTR__CK_DP && !dtr__ck_has(&s->m->files[k], d->name))   /* saved without an engine */
         return dtr__ck_copy(ck, d, ck->stage + d->off, 0);
-    if (o->kind == DTR__CK_OPT && strcmp(d->name, "optimizer/started") == 0 && !dtr__ck_has(&s->m->files[k], d->name))
-        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);   /* a file from before per-parameter steps: as created */
+    if (o->kind == DTR__CK_OPT && dtr__ck_newer(d->name) && !dtr__ck_has(&s->m->files[k], d->name))
+        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);   /* a file from before the entry: as created */
     if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
     if (bytes != d->e.bytes) return dtr__ck_size_err(ck, s, k, d, bytes);
     memcpy(ck->stage + d->off, src, d->e.bytes);

@@ -55,6 +55,7 @@ struct dtr_optimizer {
     double given_norm;        /* dtr__optimizer_give_norm: the next step's norm, when norm_given */
     int norm_given;
     int keep_grads;           /* an update does not zero the gradients (dtr__optimizer_keep_grads) */
+    dtr_metric_stats reports; /* dtr_optimizer_report_metric's counts (saved) */
 };
 
 /* ---- schedules ---- */
@@ -62,10 +63,55 @@ struct dtr_optimizer {
 /* the fraction of the way through a decay of `total` steps at t (1 past its end) */
 static double dtr__sched_frac(double t, int64_t total) { return total <= 0 || t >= (double)total ? 1.0 : t / (double)total; }
 
+/* from a (pct 0) to b (pct 1) along half a cosine, as torch's OneCycleLR (_annealing_cos) */
+static double dtr__anneal_cos(double a, double b, double pct) { return b + (a - b) / 2.0 * (cos(3.14159265358979323846 * pct) + 1.0); }
+
+/* one-cycle at `step`: 0 while rising (to lr at warmup_steps - 1), 1 while falling (to min_lr at
+   warmup_steps + total_steps - 1, and after), with the phase's fraction done (torch's phases) */
+static int dtr__cycle_at(const dtr_schedule *s, int64_t step, double *pct) {
+    double e1 = (double)s->warmup_steps - 1.0, e2 = (double)(s->warmup_steps + s->total_steps) - 1.0, t = (double)step;
+    if (t <= e1) {
+        *pct = e1 > 0.0 ? t / e1 : 1.0;
+        return 0;
+    }
+    *pct = t >= e2 ? 1.0 : (t - e1) / (e2 - e1);
+    return 1;
+}
+
+/* cosine restarts at t: lr from min_lr's side, the cycle's step over its length (torch's
+   T_cur / T_i, counted as its step() does: each cycle gamma times the last) */
+static double dtr__restart_frac(const dtr_schedule *s, int64_t t) {
+    int64_t len = s->step_size, mult = (int64_t)s->gamma;
+    if (mult <= 1) return (double)(t % len) / (double)len;
+    while (t >= len && len <= INT64_MAX / mult) t -= len, len *= mult;
+    return (double)t / (double)len;
+}
+
+/* multi-step: the milestones at or before t */
+static int dtr__milestones_passed(const dtr_schedule *s, int64_t t) {
+    int k = 0;
+    while (k < DTR_SCHED_MAX_MILESTONES && s->milestones[k] > 0 && s->milestones[k] <= t) k++;
+    return k;
+}
+
+static double dtr__schedule_momentum_d(const dtr_schedule *s, int64_t step, double momentum) {
+    double pct;
+    if (!s || s->kind != DTR_SCHED_ONE_CYCLE || !(s->max_momentum > 0.0f)) return momentum;
+    if (step < 0) step = 0;
+    return dtr__cycle_at(s, step, &pct) == 0 ? dtr__anneal_cos(s->max_momentum, s->base_momentum, pct)
+                                              : dtr__anneal_cos(s->base_momentum, s->max_momentum, pct);
+}
+
+float dtr_schedule_momentum(const dtr_schedule *s, int64_t step, float momentum) {
+    return (float)dtr__schedule_momentum_d(s, step, momentum);
+}
+
 float dtr_schedule_lr(const dtr_schedule *s, int64_t step) {
     double lr = s ? s->lr : 0.0, mn = s ? s->min_lr : 0.0, t, f, ts;
     if (!s) return 0.0f;
     if (step < 0) step = 0;
+    if (s->kind == DTR_SCHED_ONE_CYCLE)   /* its warm-up is the cosine's rise */
+        return (float)(dtr__cycle_at(s, step, &f) == 0 ? dtr__anneal_cos(s->start_lr, lr, f) : dtr__anneal_cos(lr, mn, f));
     if (s->warmup_steps > 0 && step < s->warmup_steps) return (float)(lr * (double)(step + 1) / (double)s->warmup_steps);
     t = (double)(step - (s->warmup_steps > 0 ? s->warmup_steps : 0));
     f = dtr__sched_frac(t, s->total_steps);
@@ -79,23 +125,51 @@ float dtr_schedule_lr(const dtr_schedule *s, int64_t step) {
     case DTR_SCHED_INV_SQRT:
         ts = (double)(s->step_size > 0 ? s->step_size : s->warmup_steps > 0 ? s->warmup_steps : 10000);
         return (float)(lr / sqrt((t + ts) / ts));
-    default: return (float)lr;
+    case DTR_SCHED_MULTISTEP: return (float)(lr * pow(s->gamma, dtr__milestones_passed(s, (int64_t)t)));
+    case DTR_SCHED_COSINE_RESTARTS:
+        return (float)(mn + (lr - mn) * (1.0 + cos(3.14159265358979323846 * dtr__restart_frac(s, (int64_t)t))) / 2.0);
+    default: return (float)lr;   /* constant, plateau (the optimizer lowers s->lr) */
     }
+}
+
+/* dtr__schedule_bad's checks of the milestones and one-cycle's fields */
+static const char *dtr__schedule_bad_more(const dtr_schedule *s) {
+    int k;
+    for (k = 0; s->kind == DTR_SCHED_MULTISTEP && k < DTR_SCHED_MAX_MILESTONES; k++)
+        if (s->milestones[k] < 0 || (k > 0 && s->milestones[k] && s->milestones[k] <= s->milestones[k - 1]) ||
+            (k > 0 && s->milestones[k] && !s->milestones[k - 1]))
+            return "milestones must be > 0 and ascending, a 0 ending them";
+    if (s->max_momentum != 0.0f && s->kind != DTR_SCHED_ONE_CYCLE) return "max_momentum is for one-cycle schedules";
+    if (s->kind != DTR_SCHED_ONE_CYCLE) return NULL;
+    if (!(s->start_lr >= 0.0f) || !isfinite(s->start_lr)) return "one-cycle needs a finite start_lr >= 0";
+    if (s->max_momentum != 0.0f && !(s->max_momentum > 0.0f && s->max_momentum < 1.0f && s->base_momentum > 0.0f &&
+                                     s->base_momentum < 1.0f))
+        return "one-cycle's max_momentum and base_momentum must be in (0, 1) (max_momentum 0: not cycled)";
+    return NULL;
 }
 
 /* NULL when s is a schedule dtr_schedule_lr can follow, else what is wrong with it (its lr
    aside: dtr_optimizer_create checks it, dtr_optimizer_set_lr replaces it) */
 static const char *dtr__schedule_bad(const dtr_schedule *s) {
-    int decays = s->kind == DTR_SCHED_COSINE || s->kind == DTR_SCHED_LINEAR || s->kind == DTR_SCHED_POLY;
-    if ((int)s->kind < 0 || s->kind > DTR_SCHED_INV_SQRT) return "unknown kind";
+    dtr_schedule_kind k = s->kind;
+    int decays = k == DTR_SCHED_COSINE || k == DTR_SCHED_LINEAR || k == DTR_SCHED_POLY || k == DTR_SCHED_ONE_CYCLE;
+    if ((int)k < 0 || k > DTR_SCHED_PLATEAU) return "unknown kind";
     if (s->warmup_steps < 0 || s->step_size < 0) return "warmup_steps and step_size must be >= 0";
     if (decays && (s->total_steps <= 0 || !(s->min_lr >= 0.0f) || !isfinite(s->min_lr)))
-        return "a decay (cosine, linear, polynomial) needs total_steps > 0 and a finite min_lr >= 0";
-    if ((s->kind == DTR_SCHED_STEP || s->kind == DTR_SCHED_EXPONENTIAL || s->kind == DTR_SCHED_POLY) &&
+        return "a decay (cosine, linear, polynomial, one-cycle) needs total_steps > 0 and a finite min_lr >= 0";
+    if ((k == DTR_SCHED_COSINE_RESTARTS || k == DTR_SCHED_PLATEAU) && (!(s->min_lr >= 0.0f) || !isfinite(s->min_lr)))
+        return "min_lr must be finite and >= 0";
+    if ((k == DTR_SCHED_STEP || k == DTR_SCHED_EXPONENTIAL || k == DTR_SCHED_POLY || k == DTR_SCHED_MULTISTEP) &&
         !(s->gamma > 0.0f && isfinite(s->gamma)))
         return "gamma (the step and exponential factor, the polynomial power) must be > 0";
-    if (s->kind == DTR_SCHED_STEP && s->step_size <= 0) return "the step schedule needs step_size > 0";
-    return NULL;
+    if ((k == DTR_SCHED_STEP || k == DTR_SCHED_COSINE_RESTARTS) && s->step_size <= 0)
+        return "the step and restarts schedules need step_size > 0";
+    if (k == DTR_SCHED_COSINE_RESTARTS && !(s->gamma >= 1.0f && s->gamma <= 1e6f && s->gamma == (float)(int64_t)s->gamma))
+        return "the restarts' gamma (each cycle's growth) must be a whole number from 1 to 1e6";
+    if (k == DTR_SCHED_PLATEAU && !(s->gamma > 0.0f && s->gamma < 1.0f)) return "the plateau's gamma must be in (0, 1)";
+    if (!(s->threshold >= 0.0f) || !isfinite(s->threshold) || s->cooldown < 0)
+        return "threshold must be finite and >= 0, cooldown >= 0";
+    return dtr__schedule_bad_more(s);
 }
 
 /* ---- configuration ---- */
@@ -331,6 +405,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     dtr_context *ctx;
     dtr_optimizer *o;
     dtr_result r;
+    float momentum;
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     ctx = dtr_model_context(model);
@@ -343,9 +418,13 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
                                                     ">= 0 and betas in [0, 1)");
     if ((int)cfg->nonfinite < 0 || cfg->nonfinite > DTR_NONFINITE_OFF)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
-    if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     if ((r = dtr__check_rates(ctx, cfg)) != DTR_OK) return r;
+    momentum = cfg->schedule.max_momentum > 0.0f ? cfg->schedule.max_momentum : cfg->momentum;   /* one-cycle's */
+    if (cfg->nesterov && (momentum <= 0.0f || cfg->dampening != 0.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
+    if (cfg->kind == DTR_OPT_ADAGRAD && cfg->schedule.max_momentum > 0.0f)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Adagrad has no momentum for one-cycle to cycle "
+                         "(schedule.max_momentum 0)");
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
     if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
@@ -357,8 +436,9 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
-    o->nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0)
-              : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && cfg->momentum <= 0.0f) ? 1 : 2;
+    o->nbuf = cfg->kind == DTR_OPT_SGD ? (momentum > 0.0f ? 1 : 0)
+              : cfg->kind == DTR_OPT_ADAGRAD || (cfg->kind == DTR_OPT_RMSPROP && momentum <= 0.0f) ? 1 : 2;
+    o->reports.best = cfg->schedule.maximize ? -HUGE_VAL : HUGE_VAL;
     if ((r = dtr__param_flags(o)) != DTR_OK) {
         dtr_optimizer_destroy(o);
         return r;
@@ -406,6 +486,38 @@ int64_t dtr_optimizer_skipped(const dtr_optimizer *o) { return o ? o->skipped : 
 double dtr_optimizer_grad_norm(const dtr_optimizer *o) { return o ? o->last_norm : 0.0; }
 float dtr_optimizer_lr(const dtr_optimizer *o) { return o ? dtr_schedule_lr(&o->cfg.schedule, o->steps) : 0.0f; }
 void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.lr = lr; }
+
+/* metric a improves on best by s's threshold (torch's ReduceLROnPlateau.is_better; NaN never) */
+static int dtr__metric_better(const dtr_schedule *s, double a, double best) {
+    double th = s->threshold;
+    if (s->maximize) return s->threshold_abs ? a > best + th : a > best * (th + 1.0);
+    return s->threshold_abs ? a < best - th : a < best * (1.0 - th);
+}
+
+dtr_result dtr_optimizer_report_metric(dtr_optimizer *o, double metric, dtr_metric_stats *stats) {
+    dtr_metric_stats *st;
+    dtr_schedule *s;
+    if (!o) return DTR_NULL_HANDLE;
+    st = &o->reports, s = &o->cfg.schedule;
+    st->reports++;
+    st->improved = dtr__metric_better(s, metric, st->best), st->dropped = 0;
+    if (st->improved) st->best = metric, st->bad = 0;
+    else st->bad++;
+    if (st->cooldown > 0) st->cooldown--, st->bad = 0;
+    if (s->kind == DTR_SCHED_PLATEAU && st->bad > s->step_size) {   /* torch's _reduce_lr */
+        double lr = (double)s->lr, next = lr * (double)s->gamma > (double)s->min_lr ? lr * (double)s->gamma : (double)s->min_lr;
+        if (lr - next > 1e-8) s->lr = (float)next, st->dropped = 1, st->drops++;
+        st->cooldown = s->cooldown, st->bad = 0;
+    }
+    if (stats) *stats = *st;
+    return DTR_OK;
+}
+
+dtr_result dtr_optimizer_metric_stats(const dtr_optimizer *o, dtr_metric_stats *stats) {
+    if (!o || !stats) return DTR_NULL_HANDLE;
+    *stats = o->reports;
+    return DTR_OK;
+}
 
 float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
     int n;
@@ -693,10 +805,10 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     a.m = o->m;
     a.v = o->v;
     a.lr = dtr_schedule_lr(&o->cfg.schedule, o->steps);
-    a.momentum = o->cfg.momentum;
+    a.momentum = (float)dtr__schedule_momentum_d(&o->cfg.schedule, o->steps, o->cfg.momentum);   /* one-cycle may cycle */
     a.dampening = o->cfg.dampening;
     a.nesterov = o->cfg.nesterov;
-    a.beta1 = o->cfg.beta1;
+    a.beta1 = dtr__schedule_momentum_d(&o->cfg.schedule, o->steps, o->cfg.beta1);   /* them */
     a.beta2 = o->cfg.beta2;
     a.eps = o->cfg.eps;
     a.weight_decay = o->cfg.weight_decay;
@@ -793,6 +905,16 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
 
 /* ---- state ---- */
 
+/* the bytes of dtr_schedule saved as "schedule" (its fields before the milestones, as they
+   were before them); the rest is "schedule2" */
+#define DTR__SCHEDULE_HEAD offsetof(dtr_schedule, milestones)
+
+/* the loaded report counts are counts */
+static int dtr__reports_bad(const dtr_metric_stats *st) {
+    return st->reports < 0 || st->bad < 0 || st->cooldown < 0 || st->drops < 0 || st->bad > st->reports ||
+           st->drops > st->reports || (st->improved & ~1) || (st->dropped & ~1) || st->best != st->best;
+}
+
 dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out) {
     size_t bytes;
     dtr_result r;
@@ -803,11 +925,16 @@ dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out
     dev = !dtr__host_memory(dtr_model_context(o->model));
     if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
     if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);
-    if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, sizeof o->cfg.schedule, 0);
+    if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, DTR__SCHEDULE_HEAD, 0);
     if (index == 3 && o->m) return dtr__state_put(out, "m", o->m, bytes, dev);
     if (index == 4 && o->v) return dtr__state_put(out, "v", o->v, bytes, dev);
-    if (index == 3 + o->nbuf)   /* last: files from before it lack it */
+    /* last, in the order they came: files from before them lack them */
+    if (index == 3 + o->nbuf)
         return dtr__state_put(out, "started", o->started, (size_t)dtr_model_param_count(o->model) * sizeof(int64_t), 0);
+    if (index == 4 + o->nbuf)
+        return dtr__state_put(out, "schedule2", (char *)&o->cfg.schedule + DTR__SCHEDULE_HEAD,
+                              sizeof o->cfg.schedule - DTR__SCHEDULE_HEAD, 0);
+    if (index == 5 + o->nbuf) return dtr__state_put(out, "reports", &o->reports, sizeof o->reports, 0);
     return DTR_NOT_FOUND;
 }
 
@@ -835,6 +962,10 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
     if (dtr__schedule_bad(&o->cfg.schedule))
         return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: the saved schedule "
                          "(kind %d): %s", (int)o->cfg.schedule.kind, dtr__schedule_bad(&o->cfg.schedule));
+    if (dtr__reports_bad(&o->reports))
+        return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE, "dtr_optimizer_state_loaded: the saved metric "
+                         "reports (%lld, %lld bad, %lld drops) are not counts", (long long)o->reports.reports,
+                         (long long)o->reports.bad, (long long)o->reports.drops);
     if ((r = dtr__layout(o)) != DTR_OK || (r = dtr__check_started(o)) != DTR_OK) return r;
     dtr__map_fill(o, &o->map);   /* the runs split where the starts differ; the state stays where it is */
     if (o->run_seg) dtr__lamb_segments(o);

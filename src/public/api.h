@@ -1520,10 +1520,34 @@ typedef enum dtr_schedule_kind {
     DTR_SCHED_POLY = 5,    /**< min_lr + (lr - min_lr) * (1 - t / total_steps)^gamma, then min_lr:
                                 gamma is the power (torch's PolynomialLR with min_lr 0; Hugging
                                 Face's polynomial decay with lr_end min_lr) */
-    DTR_SCHED_INV_SQRT = 6 /**< lr / sqrt((t + s) / s) with timescale s = step_size, or warmup_steps
+    DTR_SCHED_INV_SQRT = 6,/**< lr / sqrt((t + s) / s) with timescale s = step_size, or warmup_steps
                                 when step_size is 0, or 10000 when both are 0 (the Transformer's
                                 and Hugging Face's inverse square root: lr when warm-up ends) */
+    DTR_SCHED_MULTISTEP = 7, /**< lr * gamma^(the milestones <= t) (torch's MultiStepLR: a ResNet's
+                                  drops at fixed epochs) */
+    DTR_SCHED_ONE_CYCLE = 8, /**< torch's OneCycleLR (cosine annealing): a cosine from start_lr at step
+                                  0 up to lr at step warmup_steps - 1 (its warm-up is this rise, not a
+                                  line), then a cosine down to min_lr reached at step warmup_steps +
+                                  total_steps - 1, min_lr afterwards; with max_momentum > 0 the
+                                  momentum (SGD's, RMSprop's; the Adam family's and LAMB's beta1) goes
+                                  from max_momentum down to base_momentum and back up
+                                  (dtr_schedule_momentum). torch's OneCycleLR(max_lr, total_steps = T,
+                                  pct_start = P, div_factor = D, final_div_factor = F) is lr = max_lr,
+                                  warmup_steps = P * T, total_steps = T - warmup_steps, start_lr =
+                                  max_lr / D, min_lr = start_lr / F */
+    DTR_SCHED_COSINE_RESTARTS = 9, /**< cosine from lr to min_lr over cycles of step_size steps, each
+                                        gamma times longer than the last (gamma a whole number >= 1),
+                                        lr again at each restart (torch's CosineAnnealingWarmRestarts:
+                                        T_0 = step_size, T_mult = gamma, eta_min = min_lr; SGDR) */
+    DTR_SCHED_PLATEAU = 10   /**< lr until the metric the app reports (dtr_optimizer_report_metric,
+                                  once an epoch: a validation loss) stops improving: after more
+                                  than step_size reports (the patience) without an improvement
+                                  of threshold, lr becomes max(lr * gamma, min_lr), then cooldown
+                                  reports count as none bad (torch's ReduceLROnPlateau) */
 } dtr_schedule_kind;
+
+/** The most milestones a DTR_SCHED_MULTISTEP schedule takes. */
+#define DTR_SCHED_MAX_MILESTONES 8
 
 /** A learning-rate schedule with optional linear warm-up: (step + 1) / warmup_steps * lr at
  *  steps 0 .. warmup_steps - 1 (torch's LinearLR from 1 / warmup_steps), then the kind's
@@ -1535,13 +1559,33 @@ typedef struct dtr_schedule {
     int64_t warmup_steps;
     int64_t total_steps;   /**< length of the cosine, linear and polynomial decay (after warm-up; > 0) */
     int64_t step_size;     /**< step schedule period (> 0); inverse square root's timescale (0: see it) */
-    float gamma;           /**< step and exponential schedules' factor (> 0); polynomial decay's power
-                                (> 0; 1: linear) */
+    float gamma;           /**< step, multi-step and exponential schedules' factor (> 0); polynomial
+                                decay's power (> 0; 1: linear); the restarts' growth of the cycle (a
+                                whole number >= 1); the plateau's factor (in (0, 1)) */
+    int64_t milestones[DTR_SCHED_MAX_MILESTONES]; /**< multi-step: the steps t (after warm-up) where
+                                the rate drops by gamma, ascending and > 0; a 0 ends the list */
+    float start_lr;        /**< one-cycle: the rate at step 0 (>= 0; torch: max_lr / div_factor) */
+    float max_momentum;    /**< one-cycle: > 0 cycles the momentum between max_momentum (at the
+                                ends) and base_momentum (at the peak rate), both in (0, 1),
+                                replacing the config's momentum or beta1 (torch's
+                                cycle_momentum, 0.95 and 0.85 there); 0: not cycled */
+    float base_momentum;
+    float threshold;       /**< plateau: the improvement a report must make over the best so far to
+                                count: relative (torch's default mode; its default 1e-4) or, with
+                                threshold_abs, absolute (>= 0) */
+    int threshold_abs;
+    int maximize;          /**< plateau: 1 when larger metrics are better (an accuracy); 0 a loss */
+    int64_t cooldown;      /**< plateau: reports after a drop that count as not bad (>= 0) */
 } dtr_schedule;
 
-/** Learning rate at optimizer step `step` (0-based). Pure function.
+/** Learning rate at optimizer step `step` (0-based). Pure function. A plateau schedule's
+ *  rate is its lr after warm-up: the optimizer lowers lr itself (dtr_optimizer_report_metric).
  *  Thread safety: thread safe. */
 DTR_API float dtr_schedule_lr(const dtr_schedule *s, int64_t step);
+/** The momentum of update `step` (0-based): one-cycle's cycled momentum when s cycles it
+ *  (max_momentum > 0), else `momentum` (the config's momentum or beta1) unchanged. Pure
+ *  function. Thread safety: thread safe. */
+DTR_API float dtr_schedule_momentum(const dtr_schedule *s, int64_t step, float momentum);
 
 /** The optimizer's check of the gradient before each update (one sum of squares over the
  *  contiguous gradient buffer, shared with clip_norm). In data parallelism it runs after the
@@ -1659,6 +1703,36 @@ DTR_API double dtr_optimizer_grad_norm(const dtr_optimizer *opt);
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
+
+/** What dtr_optimizer_report_metric keeps of the reports: the plateau schedule's state, and
+ *  what early stopping needs under any schedule. */
+typedef struct dtr_metric_stats {
+    double best;          /**< the best metric reported (+inf for a loss, -inf with maximize,
+                               before the first) */
+    int64_t reports;      /**< metrics reported */
+    int64_t bad;          /**< reports since the last improvement (torch's num_bad_epochs: 0 after a
+                               drop and during cooldown): stop early when it reaches your patience */
+    int64_t cooldown;     /**< reports left in the cooldown after the last drop */
+    int64_t drops;        /**< the plateau's drops of the rate so far */
+    int improved;         /**< the last report improved on the best */
+    int dropped;          /**< the last report lowered the rate (plateau) */
+} dtr_metric_stats;
+
+/** Reports a metric measured since the last report, once an epoch or an evaluation (torch's
+ *  ReduceLROnPlateau.step(metric)): it counts as an improvement when it beats the best so
+ *  far by the schedule's threshold (lower is better, or higher with schedule.maximize; a NaN
+ *  never improves). With a DTR_SCHED_PLATEAU schedule, more than step_size reports without
+ *  an improvement lower schedule.lr to max(lr * gamma, min_lr) (dropped when that moves it by
+ *  more than 1e-8, as torch), then `cooldown` reports count as none bad. Under any other
+ *  schedule the rate stays and the counts serve early stopping. Data parallelism: report the
+ *  same metric on every rank (its mean over the ranks' shards), or their rates part. Part of
+ *  the saved state (dtr_optimizer_state's "reports").
+ *  @param stats  the counts after this report (may be NULL).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_report_metric(dtr_optimizer *opt, double metric, dtr_metric_stats *stats);
+/** The counts of the reports so far (all zero but best before the first).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_metric_stats(const dtr_optimizer *opt, dtr_metric_stats *stats);
 /** The optimizer's moment buffers: `count` buffers (SGD with momentum: 1; the Adam family and
  *  LAMB: 2, m and v; RMSprop: the square average, then the momentum buffer with momentum;
  *  Adagrad: 1, the sum of squares), NULL past the end (and for every index when the state
@@ -1688,14 +1762,17 @@ DTR_API size_t dtr_optimizer_state_bytes(dtr_optimizer *opt);
 DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, int64_t end, int *updated);
 
 /** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,
- *  micro-batches since the last update), "schedule" (its dtr_schedule, which
- *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
+ *  micro-batches since the last update), "schedule" (its dtr_schedule's fields from kind to
+ *  gamma: dtr_optimizer_set_lr and the plateau change lr), then the moments "m" and "v" where the kind has them
  *  (the trainable floats of its range each, see dtr_optimizer_moments; device memory on a
  *  device backend), and last "started" (int64 per parameter: the update count its state started
  *  at, moved on by every update that left it out, so that "steps" minus it is the parameter's
  *  own update count; -1 frozen; dtr_optimizer_state_loaded refuses values that do not fit the step count and
  *  the model's trainable set). dtr_ckpt restores a checkpoint written before "started" existed
- *  with every trainable parameter started at 0.
+ *  with every trainable parameter started at 0. After it: "schedule2" (the rest of the
+ *  dtr_schedule: milestones, one-cycle and plateau settings) and "reports" (the
+ *  dtr_metric_stats of dtr_optimizer_report_metric); dtr_ckpt restores a checkpoint written
+ *  before them with the optimizer's own (as created).
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_entry *out);
