@@ -2,12 +2,14 @@
  * bench/fmnist_torch.py (same networks, initialisation, data order rules and optimizer).
  *
  *   build/bench/fmnist [--model mlp|cnn] [--epochs E] [--threads T] [--batches N]
- *                      [--batch B] [--lr LR] [--schedule constant|cosine] [--seed S] [--data DIR]
+ *                      [--batch B] [--lr LR] [--schedule constant|cosine|onecycle] [--seed S] [--data DIR]
  *
  * Workload: the networks of examples/common.h (MLP 784-256-128-10 or the small CNN),
  * Kaiming-uniform weights, PyTorch-default biases, standardised pixels, batch 64, SGD
  * lr 0.05 momentum 0.9 (constant; --schedule cosine decays it to 0 along a cosine over the
- * run, stepped per batch as torch's CosineAnnealingLR), a seeded shuffle per epoch, the last
+ * run, stepped per batch as torch's CosineAnnealingLR; --schedule onecycle is torch's
+ * OneCycleLR with max_lr LR over the run: 30% rising from LR / 25, the momentum cycled
+ * between 0.95 and 0.85, its defaults), a seeded shuffle per epoch, the last
  * batch of an epoch smaller. --batches N stops each epoch after N steps (quick CNN timings).
  *
  * Output: one JSON line on stdout,
@@ -53,9 +55,10 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "fmnist: unknown option %s\n", a); return 2; }
     }
     if ((strcmp(model, "mlp") != 0 && strcmp(model, "cnn") != 0) || epochs < 1 || threads < 0 || batch < 1 ||
-        max_batches < 0 || !(lr > 0.0f) || (strcmp(schedule, "constant") != 0 && strcmp(schedule, "cosine") != 0)) {
+        max_batches < 0 || !(lr > 0.0f) ||
+        (strcmp(schedule, "constant") != 0 && strcmp(schedule, "cosine") != 0 && strcmp(schedule, "onecycle") != 0)) {
         fprintf(stderr, "fmnist: need --model mlp|cnn, --epochs >= 1, --threads >= 0, --batch >= 1, --batches >= 0, --lr > 0,\n"
-                        "        --schedule constant|cosine\n");
+                        "        --schedule constant|cosine|onecycle\n");
         return 2;
     }
     dir = fm_data_dir(dir);
@@ -70,7 +73,15 @@ int main(int argc, char **argv) {
     {
         int64_t per_epoch = (data.train_n + batch - 1) / batch;
         if (max_batches > 0 && max_batches < per_epoch) per_epoch = max_batches;
-        r = fm_sgd(&net, lr, 0.9f, strcmp(schedule, "cosine") == 0 ? epochs * per_epoch : 0, &opt);
+        dtr_optimizer_config oc = fm_sgd_config(lr, 0.9f, strcmp(schedule, "cosine") == 0 ? epochs * per_epoch : 0);
+        if (strcmp(schedule, "onecycle") == 0) {   /* OneCycleLR(max_lr = lr, total_steps = the run)'s defaults */
+            oc.schedule.kind = DTR_SCHED_ONE_CYCLE;
+            oc.schedule.warmup_steps = (int64_t)(0.3 * (double)(epochs * per_epoch));
+            oc.schedule.total_steps = epochs * per_epoch - oc.schedule.warmup_steps;
+            oc.schedule.start_lr = lr / 25.0f, oc.schedule.min_lr = lr / 25.0f / 1e4f;
+            oc.schedule.max_momentum = 0.95f, oc.schedule.base_momentum = 0.85f;
+        }
+        r = dtr_optimizer_create(net.model, &oc, &opt);
     }
     if (r != DTR_OK) { fm_fail(ctx, "optimizer", r); goto done; }
     order = (int32_t *)malloc((size_t)data.train_n * sizeof(int32_t));

@@ -2,7 +2,7 @@
 """bench/fmnist_torch.py: the PyTorch peer of bench/fmnist.c (same workload, same JSON line).
 
     python3 bench/fmnist_torch.py [--model mlp|cnn] [--epochs E] [--threads T] [--batches N]
-                                  [--batch B] [--lr LR] [--schedule constant|cosine] [--seed S]
+                                  [--batch B] [--lr LR] [--schedule constant|cosine|onecycle] [--seed S]
                                   [--data DIR]
 
 Workload, as in bench/fmnist.c and examples/common.h:
@@ -14,7 +14,8 @@ Workload, as in bench/fmnist.c and examples/common.h:
     mean 0.2860 and std 0.3530, pre-loaded as tensors;
   * a seeded torch.Generator shuffles the training set each epoch; batches of 64, the last one
     smaller; SGD lr 0.05 momentum 0.9, constant or (--schedule cosine) CosineAnnealingLR to 0
-    over the run, stepped per batch; cross-entropy (mean);
+    over the run, or (--schedule onecycle) OneCycleLR with max_lr lr over the run (its
+    defaults), stepped per batch; cross-entropy (mean);
   * --batches N stops each epoch after N steps.
 torch.set_num_threads(T) (and set_num_interop_threads(1)). train_s covers the training steps
 only (no loading, no evaluation). Prints one JSON line on stdout; progress on stderr.
@@ -116,7 +117,7 @@ def main():
     ap.add_argument("--batches", type=int, default=0)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    ap.add_argument("--schedule", choices=["constant", "cosine", "onecycle"], default="constant")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data", default=None)
     a = ap.parse_args()
@@ -138,7 +139,9 @@ def main():
     if a.batches:
         per_epoch = min(per_epoch, a.batches)
     sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.epochs * per_epoch, eta_min=0.0)
-             if a.schedule == "cosine" else None)
+             if a.schedule == "cosine" else
+             torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=a.epochs * per_epoch)
+             if a.schedule == "onecycle" else None)
 
     train_s, samples, steps, acc, best = 0.0, 0, 0, 0.0, 0.0
     for epoch in range(1, a.epochs + 1):

@@ -506,7 +506,7 @@ static void test_plateau(void) {
         dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_SGD, c->lr);
         dtr_optimizer *opt = NULL, *plain = NULL, *resumed = NULL;
         dtr_metric_stats st, ps;
-        int dropped = 0;
+        int dropped = 0, stale = 0;
         cfg.schedule.kind = DTR_SCHED_PLATEAU;
         cfg.schedule.gamma = c->factor, cfg.schedule.step_size = c->patience, cfg.schedule.min_lr = c->min_lr;
         cfg.schedule.threshold = c->threshold, cfg.schedule.threshold_abs = c->threshold_abs;
@@ -518,7 +518,7 @@ static void test_plateau(void) {
         CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &plain));
         if (!opt || !plain || !resumed) { fx_close(&f); continue; }
         CHECK_OK(f.ctx, dtr_optimizer_metric_stats(opt, &st));
-        CHECK(st.reports == 0 && st.best == (c->maximize ? -INFINITY : INFINITY));
+        CHECK(st.reports == 0 && st.stale == 0 && st.best == (c->maximize ? -INFINITY : INFINITY));
         for (s = 0; s < c->n; s++) {
             if (s == c->n / 2) {   /* halfway: the state into a fresh optimizer, which goes on */
                 copy_state(opt, resumed);
@@ -533,8 +533,10 @@ static void test_plateau(void) {
                       c->best[s]);
             CHECK(st.dropped == (s > 0 && c->lr_after[s] != c->lr_after[s - 1]));
             dropped += st.dropped;
-            CHECK(dtr_optimizer_lr(plain) == c->lr && ps.best == c->best[s] && ps.drops == 0 && ps.improved == st.improved);
-            if (!dropped) CHECK(ps.bad == st.bad);
+            stale = st.improved ? 0 : stale + 1;   /* reports since the best: drops leave it */
+            CHECK(st.stale == stale && ps.stale == stale);
+            CHECK(dtr_optimizer_lr(plain) == c->lr && ps.best == c->best[s] && ps.drops == 0 && ps.improved == st.improved &&
+                  ps.bad == ps.stale);
         }
         CHECK(dropped > 0 && st.drops == dropped);
         dtr_optimizer_destroy(opt), dtr_optimizer_destroy(plain), dtr_optimizer_destroy(resumed);

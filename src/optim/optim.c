@@ -501,8 +501,8 @@ dtr_result dtr_optimizer_report_metric(dtr_optimizer *o, double metric, dtr_metr
     st = &o->reports, s = &o->cfg.schedule;
     st->reports++;
     st->improved = dtr__metric_better(s, metric, st->best), st->dropped = 0;
-    if (st->improved) st->best = metric, st->bad = 0;
-    else st->bad++;
+    if (st->improved) st->best = metric, st->bad = 0, st->stale = 0;
+    else st->bad++, st->stale++;
     if (st->cooldown > 0) st->cooldown--, st->bad = 0;
     if (s->kind == DTR_SCHED_PLATEAU && st->bad > s->step_size) {   /* torch's _reduce_lr */
         double lr = (double)s->lr, next = lr * (double)s->gamma > (double)s->min_lr ? lr * (double)s->gamma : (double)s->min_lr;
@@ -911,7 +911,8 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
 
 /* the loaded report counts are counts */
 static int dtr__reports_bad(const dtr_metric_stats *st) {
-    return st->reports < 0 || st->bad < 0 || st->cooldown < 0 || st->drops < 0 || st->bad > st->reports ||
+    return st->reports < 0 || st->bad < 0 || st->cooldown < 0 || st->drops < 0 || st->bad > st->stale ||
+           st->stale > st->reports ||
            st->drops > st->reports || (st->improved & ~1) || (st->dropped & ~1) || st->best != st->best;
 }
 

@@ -1710,8 +1710,10 @@ typedef struct dtr_metric_stats {
     double best;          /**< the best metric reported (+inf for a loss, -inf with maximize,
                                before the first) */
     int64_t reports;      /**< metrics reported */
-    int64_t bad;          /**< reports since the last improvement (torch's num_bad_epochs: 0 after a
-                               drop and during cooldown): stop early when it reaches your patience */
+    int64_t bad;          /**< the plateau's count: reports since the last improvement, drop or
+                               cooldown report (torch's num_bad_epochs) */
+    int64_t stale;        /**< reports since the last improvement (drops do not reset it): stop
+                               early when it reaches your patience */
     int64_t cooldown;     /**< reports left in the cooldown after the last drop */
     int64_t drops;        /**< the plateau's drops of the rate so far */
     int improved;         /**< the last report improved on the best */
@@ -1724,7 +1726,7 @@ typedef struct dtr_metric_stats {
  *  never improves). With a DTR_SCHED_PLATEAU schedule, more than step_size reports without
  *  an improvement lower schedule.lr to max(lr * gamma, min_lr) (dropped when that moves it by
  *  more than 1e-8, as torch), then `cooldown` reports count as none bad. Under any other
- *  schedule the rate stays and the counts serve early stopping. Data parallelism: report the
+ *  schedule the rate stays; under any, `stale` serves early stopping. Data parallelism: report the
  *  same metric on every rank (its mean over the ranks' shards), or their rates part. Part of
  *  the saved state (dtr_optimizer_state's "reports").
  *  @param stats  the counts after this report (may be NULL).
