@@ -14,8 +14,8 @@
                        libstb-dev, or set DTR_STB_IMAGE_HEADER to your copy's path)
        DTR_NO_SIMD     portable C only: no AVX2 / AVX-512 code compiled with target
                        attributes (GEMM kernels, element loops). At run time the environment
-                       variables DTRAIN_GEMM_KERNEL=avx512|avx2|generic and DTRAIN_SIMD=generic
-                       choose among them.
+                       variables DTRAIN_GEMM_KERNEL=avx512|avx2|generic and
+                       DTRAIN_SIMD=avx2|generic choose among them.
 
    See README.md and docs/ for the guides; every public function below has a doc comment.
 */
@@ -4907,10 +4907,11 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #define DTR__PRINTF(fmt_index, first_arg)
 #endif
 
-/** An element-wise loop over [begin, end) as blocks of 8 (then the rest one by one) whose
+/** An element-wise loop over [begin, end) as blocks of 16 (then the rest one by one) whose
  *  iterations the compiler may treat as independent: GCC's -O2 vectorises only loops that need
  *  no run-time alias check and whose trip count is a multiple of the vector width (its
- *  "very cheap" cost model), so a plain loop over three float arrays stays scalar. BODY sees
+ *  "very cheap" cost model), so a plain loop over three float arrays stays scalar. 16: one
+ *  AVX-512 vector, or two AVX2 ones whose chains overlap (the LSTM's cell: 1.27x over 8). BODY sees
  *  the element's index as `i` (an int64_t the macro declares); it must not carry anything
  *  from one element to the next, and the arrays it writes must not overlap the ones it reads
  *  at other indices. The same operations in the same order: the bits equal the plain loop's. */
@@ -4923,8 +4924,8 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
     do { \
         int64_t i_0_ = (begin), i_n_ = (end), i; \
         int i_j_; \
-        for (; i_0_ + 8 <= i_n_; i_0_ += 8) { \
-            DTR__IVDEP for (i_j_ = 0; i_j_ < 8; i_j_++) { i = i_0_ + i_j_; BODY; } \
+        for (; i_0_ + 16 <= i_n_; i_0_ += 16) { \
+            DTR__IVDEP for (i_j_ = 0; i_j_ < 16; i_j_++) { i = i_0_ + i_j_; BODY; } \
         } \
         for (i = i_0_; i < i_n_; i++) { BODY; } \
     } while (0)
@@ -4934,19 +4935,30 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
  *  column producers and the 2x2 max pool; the sum of squares of the gradient norms) are
  *  compiled twice: as they are (SSE2 on x86-64)
  *  and for AVX2 (8 floats a vector: about 1.7-2x on them), the second picked at run time
- *  where the CPU has it (dtr__simd_avx2, src/core/gemm.c; DTRAIN_SIMD=generic keeps the
+ *  where the CPU has it (dtr__simd_level, src/core/gemm.c; DTRAIN_SIMD=generic keeps the
  *  first). The loop's body is a DTR__SIMD_BODY function (always inlined, so it is compiled in
  *  its caller's instruction set) called by a plain function and by a DTR__TARGET_AVX2 one. No
  *  FMA: nothing is contracted into a multiply-add, so both give the same bits (test_grad
- *  checks every op case both ways). x86-64 with GCC or Clang; elsewhere, or with
- *  DTR_NO_SIMD, the AVX2 functions are plain ones and never picked. */
+ *  checks every op case both ways). The loops whose elements each take several exponentials
+ *  (the activations, the LSTM's and GRU's cells) are compiled a third time for AVX-512
+ *  (DTR__TARGET_AVX512: 16 floats a vector, about 1.8x over AVX2 on them; DTRAIN_SIMD=avx2
+ *  stops at AVX2). AVX-512 brings FMA: GCC is told not to contract there; Clang contracts
+ *  inside an expression unless built with -ffp-contract=off, and then that variant's bits
+ *  may differ from the others'. x86-64 with GCC or Clang; elsewhere, or with DTR_NO_SIMD, the
+ *  AVX2 and AVX-512 functions are plain ones and never picked. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DTR_NO_SIMD)
 #define DTR__X86_SIMD 1
 #define DTR__TARGET_AVX2 __attribute__((target("avx2")))
+#if defined(__clang__)
+#define DTR__TARGET_AVX512 __attribute__((target("avx512f")))
+#else
+#define DTR__TARGET_AVX512 __attribute__((target("avx512f"), optimize("fp-contract=off")))
+#endif
 #define DTR__SIMD_BODY static inline __attribute__((always_inline))
 #else
 #define DTR__X86_SIMD 0
 #define DTR__TARGET_AVX2
+#define DTR__TARGET_AVX512
 #define DTR__SIMD_BODY static inline
 #endif
 
@@ -4989,7 +5001,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4993 "dtrain.h"
+#line 5005 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5092,12 +5104,19 @@ const char *dtr__gemm_kernel_name(void);
  *  run-time pick. Returns 1, or 0 (nothing changed) for a name this build or CPU lacks.
  *  Thread safety: not while products run. */
 int dtr__gemm_force(const char *name);
-/** 1 when the element loops' AVX2 variants run (DTR__TARGET_AVX2: the CPU has AVX2 and
- *  DTRAIN_SIMD is not "generic"; read once). Thread safety: any thread. */
+/** The element loops' variant that runs: 2 AVX-512 (DTR__TARGET_AVX512, where the loop has
+ *  one), 1 AVX2 (DTR__TARGET_AVX2), 0 the generic one: the best this CPU runs, capped by
+ *  DTRAIN_SIMD ("generic": 0, "avx2": 1; read once). Thread safety: any thread. */
+int dtr__simd_level(void);
+/** 1 when dtr__simd_level is 1 or more: the AVX2 variants run (and the AVX-512 ones where
+ *  they exist). Thread safety: any thread. */
 int dtr__simd_avx2(void);
-/** Forces the element loops' variant: 1 AVX2 (where the CPU has it), 0 the generic one, -1
- *  back to the default (tests compare the two). Thread safety: not while ops run. */
-void dtr__simd_force(int avx2);
+/** Forces the element loops' variant: 2 AVX-512, 1 AVX2 (each where the CPU has it, else the
+ *  best below), 0 the generic one, -1 back to the default (tests compare them). Thread
+ *  safety: not while ops run. */
+void dtr__simd_force(int level);
+/** A loop's variant for dtr__simd_level: the AVX-512 one, the AVX2 one or the generic one. */
+#define DTR__SIMD_PICK(generic, avx2, avx512) (dtr__simd_level() >= 2 ? (avx512) : dtr__simd_level() ? (avx2) : (generic))
 
 /* ---- arena ---- */
 
@@ -5951,7 +5970,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5955 "dtrain.h"
+#line 5974 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6449,7 +6468,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6453 "dtrain.h"
+#line 6472 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6511,7 +6530,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6515 "dtrain.h"
+#line 6534 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6891,7 +6910,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6895 "dtrain.h"
+#line 6914 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6934,7 +6953,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6938 "dtrain.h"
+#line 6957 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6971,7 +6990,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6975 "dtrain.h"
+#line 6994 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -7030,7 +7049,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 7034 "dtrain.h"
+#line 7053 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7104,7 +7123,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7108 "dtrain.h"
+#line 7127 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7172,7 +7191,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7176 "dtrain.h"
+#line 7195 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -7247,7 +7266,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7251 "dtrain.h"
+#line 7270 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7599,7 +7618,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7603 "dtrain.h"
+#line 7622 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8241,7 +8260,7 @@ int dtr__gemm_force(const char *name) {
     return 1;
 }
 
-static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the first call */
+static int dtr__simd_state = -1;   /* dtr__simd_level's answer; -1 until the first call */
 
 #if DTR__HAVE_ATOMICS
 #define DTR__SIMD_GET() DTR__ATOMIC_LOAD_RELAXED(&dtr__simd_state)
@@ -8251,20 +8270,24 @@ static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the firs
 #define DTR__SIMD_SET(v) (dtr__simd_state = (v))
 #endif
 
-/* 1 when AVX2 code is compiled in and this CPU runs it */
-static int dtr__simd_can(void) { return DTR__X86_SIMD && dtr__gemm_supported(1); }
+/* the best element-loop variant compiled in that this CPU runs: 2 AVX-512, 1 AVX2, 0 none */
+static int dtr__simd_can(void) { return !DTR__X86_SIMD ? 0 : !dtr__gemm_supported(1) ? 0 : dtr__gemm_supported(2) ? 2 : 1; }
 
-int dtr__simd_avx2(void) {
+int dtr__simd_level(void) {
     int s = DTR__SIMD_GET();
     if (s < 0) {
         const char *e = getenv("DTRAIN_SIMD");
-        s = dtr__simd_can() && !(e && strcmp(e, "generic") == 0);
+        s = dtr__simd_can();
+        if (e && strcmp(e, "generic") == 0) s = 0;
+        else if (e && strcmp(e, "avx2") == 0 && s > 1) s = 1;
         DTR__SIMD_SET(s);   /* every thread that races here computes the same value */
     }
     return s;
 }
 
-void dtr__simd_force(int avx2) { DTR__SIMD_SET(avx2 < 0 ? -1 : avx2 && dtr__simd_can()); }
+int dtr__simd_avx2(void) { return dtr__simd_level() > 0; }
+
+void dtr__simd_force(int level) { DTR__SIMD_SET(level < 0 ? -1 : level < dtr__simd_can() ? level : dtr__simd_can()); }
 
 const char *dtr__gemm_kernel_name(void) {
 #ifdef DTR_USE_CBLAS
@@ -8597,7 +8620,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8601 "dtrain.h"
+#line 8624 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9272,7 +9295,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9276 "dtrain.h"
+#line 9299 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9363,7 +9386,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9367 "dtrain.h"
+#line 9390 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9845,7 +9868,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9849 "dtrain.h"
+#line 9872 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10101,7 +10124,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10105 "dtrain.h"
+#line 10128 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10334,7 +10357,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10338 "dtrain.h"
+#line 10361 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10453,7 +10476,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10457 "dtrain.h"
+#line 10480 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10509,7 +10532,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10513 "dtrain.h"
+#line 10536 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10938,7 +10961,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 10942 "dtrain.h"
+#line 10965 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11203,7 +11226,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11207 "dtrain.h"
+#line 11230 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11425,10 +11448,10 @@ dtr_tensor *dtr_softplus(dtr_context *ctx, dtr_tensor *x, float beta, float thre
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
 /* y[i] = F(x[i]) for i in [b, e), and gx[i] += g[i] * D(v[i]) (v: x or y, as the derivative
- * D takes), as DTR__ELEMENTWISE loops (blocks of 8 the loop vectorizer takes whole: y, gx never
+ * D takes), as DTR__ELEMENTWISE loops (blocks of 16 the loop vectorizer takes whole: y, gx never
  * overlap what is read at other indices), where F and D have no branch (ReLU's compare and
  * select, GELU's and tanh's bit-mask pick: dtr__f_tanh). Per element the operations are those
- * of the scalar loop, so the results are the same, on SSE2 and on AVX2 (below). Through a
+ * of the scalar loop, so the results are the same, on SSE2, AVX2 and AVX-512 (below). Through a
  * block copied into a local array (before 2026-11-28) GCC's AVX2 code stalled on its stores. */
 #define DTR__MAP8(F, x, y, b, e) DTR__ELEMENTWISE(b, e, (y)[i] = F((x)[i]))
 #define DTR__GRAD8(D, v, g, gx, b, e) DTR__ELEMENTWISE(b, e, (gx)[i] += (g)[i] * D((v)[i]))
@@ -11483,16 +11506,18 @@ DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) 
     }
 }
 
-/* the two bodies as they are and for AVX2 (src/core/platform.h) */
+/* the two bodies as they are, for AVX2 and for AVX-512 (src/core/platform.h) */
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
 static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__unary_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__unary_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__unary_fwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__unary_bwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
 
 dtr_result dtr__cpu_unary_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_fwd_avx2 : dtr__unary_fwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, DTR__SIMD_PICK(dtr__unary_fwd_range, dtr__unary_fwd_avx2, dtr__unary_fwd_avx512), &j);
     return DTR_OK;
 }
 
@@ -11500,7 +11525,7 @@ dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     if (!dtr__gradof(nd->in[0])) return DTR_OK;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_bwd_avx2 : dtr__unary_bwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, DTR__SIMD_PICK(dtr__unary_bwd_range, dtr__unary_bwd_avx2, dtr__unary_bwd_avx512), &j);
     return DTR_OK;
 }
 
@@ -11767,7 +11792,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11771 "dtrain.h"
+#line 11796 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11949,7 +11974,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11953 "dtrain.h"
+#line 11978 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12887,11 +12912,13 @@ static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__l
 static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__lstm_fwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__lstm_bwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
 /* the cell pass, forward (bwd 0) or backward, in the CPU's instruction set */
 static dtr__task_fn dtr__lstm_cell_fn(int bwd) {
-    if (bwd) return dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range;
-    return dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range;
+    if (bwd) return DTR__SIMD_PICK(dtr__lstm_bwd_range, dtr__lstm_bwd_avx2, dtr__lstm_bwd_avx512);
+    return DTR__SIMD_PICK(dtr__lstm_fwd_range, dtr__lstm_fwd_avx2, dtr__lstm_fwd_avx512);
 }
 
 /* the cell op's job: gates in[0], c in[1] (both dense), y = [h | c'] */
@@ -13045,6 +13072,8 @@ static void dtr__gru_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gr
 static void dtr__gru_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__gru_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__gru_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__gru_fwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__gru_bwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
 
 /* the recurrence op's tensors as pointers; G gates of H, output rows of Y */
 typedef struct dtr__rnn_seq {
@@ -13091,10 +13120,9 @@ typedef struct dtr__rnn_walk {
 
 /* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
 static void dtr__rnn_cells(const dtr__rnn_walk *k, void *job, int64_t b, int64_t e, int w) {
-    int avx = dtr__simd_avx2();
     dtr__task_fn fn = !k->s.gru ? dtr__lstm_cell_fn(k->bwd)
-                      : k->bwd  ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range)
-                                : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range);
+                      : k->bwd  ? DTR__SIMD_PICK(dtr__gru_bwd_range, dtr__gru_bwd_avx2, dtr__gru_bwd_avx512)
+                                : DTR__SIMD_PICK(dtr__gru_fwd_range, dtr__gru_fwd_avx2, dtr__gru_fwd_avx512);
     if (w < 0) dtr__pool_run(k->ctx->pool, e, 8, fn, job);
     else fn(job, b, e, w);
 }
@@ -13579,7 +13607,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13583 "dtrain.h"
+#line 13611 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14561,7 +14589,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14565 "dtrain.h"
+#line 14593 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14823,7 +14851,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14827 "dtrain.h"
+#line 14855 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15224,7 +15252,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15228 "dtrain.h"
+#line 15256 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15370,7 +15398,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15374 "dtrain.h"
+#line 15402 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16267,7 +16295,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16271 "dtrain.h"
+#line 16299 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16733,7 +16761,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16737 "dtrain.h"
+#line 16765 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17009,7 +17037,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17013 "dtrain.h"
+#line 17041 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17246,7 +17274,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17250 "dtrain.h"
+#line 17278 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17539,7 +17567,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17543 "dtrain.h"
+#line 17571 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18528,7 +18556,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18532 "dtrain.h"
+#line 18560 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18666,7 +18694,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18670 "dtrain.h"
+#line 18698 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19013,7 +19041,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19017 "dtrain.h"
+#line 19045 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19079,7 +19107,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19083 "dtrain.h"
+#line 19111 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19316,7 +19344,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19320 "dtrain.h"
+#line 19348 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20065,7 +20093,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20069 "dtrain.h"
+#line 20097 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20518,7 +20546,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20522 "dtrain.h"
+#line 20550 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20574,7 +20602,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20578 "dtrain.h"
+#line 20606 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21416,7 +21444,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21420 "dtrain.h"
+#line 21448 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -21997,7 +22025,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22001 "dtrain.h"
+#line 22029 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22628,7 +22656,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22632 "dtrain.h"
+#line 22660 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23424,7 +23452,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23428 "dtrain.h"
+#line 23456 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23777,7 +23805,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23781 "dtrain.h"
+#line 23809 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -23967,7 +23995,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 23971 "dtrain.h"
+#line 23999 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24148,7 +24176,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24152 "dtrain.h"
+#line 24180 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24923,7 +24951,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24927 "dtrain.h"
+#line 24955 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25440,7 +25468,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25444 "dtrain.h"
+#line 25472 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26235,7 +26263,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26239 "dtrain.h"
+#line 26267 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27483,7 +27511,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27487 "dtrain.h"
+#line 27515 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28105,7 +28133,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28109 "dtrain.h"
+#line 28137 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28606,7 +28634,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28610 "dtrain.h"
+#line 28638 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29336,7 +29364,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29340 "dtrain.h"
+#line 29368 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29572,7 +29600,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29576 "dtrain.h"
+#line 29604 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29701,7 +29729,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29705 "dtrain.h"
+#line 29733 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30151,7 +30179,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30155 "dtrain.h"
+#line 30183 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30644,7 +30672,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30648 "dtrain.h"
+#line 30676 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31259,7 +31287,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31263 "dtrain.h"
+#line 31291 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31765,7 +31793,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31769 "dtrain.h"
+#line 31797 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33317,7 +33345,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33321 "dtrain.h"
+#line 33349 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33371,7 +33399,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33375 "dtrain.h"
+#line 33403 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34575,7 +34603,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34579 "dtrain.h"
+#line 34607 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35478,7 +35506,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35482 "dtrain.h"
+#line 35510 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -36956,7 +36984,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 36960 "dtrain.h"
+#line 36988 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37349,7 +37377,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37353 "dtrain.h"
+#line 37381 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37498,7 +37526,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37502 "dtrain.h"
+#line 37530 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -947,26 +947,65 @@ static void big_softmaxes(float *out) {
     dtr_context_destroy(ctx);
 }
 
-/* The CPU's hot loops compiled for AVX2 (src/core/platform.h: exp sums, cross-entropy's
-   gradient, the backend's sum of squares) give the generic loops' bits: every op case, and rows
-   long enough for their blocks of eight, both ways. */
-static void test_simd_variants(void) {
-    static float a[3 * 50257 + 3001], b[3 * 50257 + 3001];
-    int i;
-    if (!dtr__simd_avx2()) {
-        printf("*** SIMD variants: this CPU (or DTRAIN_SIMD=generic) runs the generic loops only: SKIPPED ***\n");
-        return;
+/* an LSTM and a GRU of 37 units (blocks of 16 and a rest) over (2, 6, 5), and the activations
+   over 1000 elements, with their gradients: outputs, then gradients of x, the weights and the
+   activations' input into out (room for 20000 floats); returns how many */
+static int64_t big_cells(float *out) {
+    static const int64_t xs[3] = {2, 6, 5}, as[1] = {1000};
+    static float xv[60], av[1000];
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_lstm_layer l;
+    dtr_gru_layer g;
+    dtr_tensor *x, *a, *y[8], *loss = NULL;
+    float *o = out;
+    int i, k;
+    for (i = 0; i < 60; i++) xv[i] = (float)((i * 37) % 61) / 20.0f - 1.5f;
+    for (i = 0; i < 1000; i++) av[i] = (float)((i * 7919) % 2003) / 100.0f - 10.0f;
+    CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
+    CHECK_OK(ctx, dtr_lstm_layer_init(&l, m, "l", 5, 37));
+    CHECK_OK(ctx, dtr_gru_layer_init(&g, m, "g", 5, 37));
+    CHECK_OK(ctx, dtr_model_build(m));
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, xs, xv));
+    a = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, as, av));
+    y[0] = dtr_lstm_layer_forward(ctx, &l, x, NULL, NULL, NULL, NULL), y[1] = dtr_gru_layer_forward(ctx, &g, x, NULL, NULL);
+    y[2] = dtr_gelu(ctx, a), y[3] = dtr_tanh(ctx, a), y[4] = dtr_sigmoid(ctx, a), y[5] = dtr_gelu_erf(ctx, a);
+    y[6] = dtr_silu(ctx, a), y[7] = dtr_softplus(ctx, a, 1.0f, 20.0f);
+    for (k = 0; k < 8; k++) loss = k ? dtr_add(ctx, loss, dtr_sum_all(ctx, y[k])) : dtr_sum_all(ctx, y[k]);
+    CHECK_MSG(loss && dtr_backward(ctx, loss) == DTR_OK && dtr_model_numel(m) >= 7 * 37 * 44 && dtr_model_numel(m) < 12000, "%s (%lld)",
+              dtr_context_last_error(ctx), (long long)dtr_model_numel(m));
+    if (loss && dtr_model_numel(m) < 12000) {
+        for (k = 0; k < 2; k++, o += 444) CHECK(dtr_tensor_read(y[k], DTR_F32, o, 444) == DTR_OK);
+        CHECK(dtr_tensor_read_grad(x, o, 60) == DTR_OK);
+        o += 60;
+        memcpy(o, dtr_model_grads(m), (size_t)dtr_model_numel(m) * sizeof(float)), o += dtr_model_numel(m);
+        for (k = 2; k < 8; k++, o += 1000) CHECK(dtr_tensor_read(y[k], DTR_F32, o, 1000) == DTR_OK);
+        CHECK(dtr_tensor_read_grad(a, o, 1000) == DTR_OK);
+        o += 1000;
     }
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return o - out;
+}
+
+/* The CPU's hot loops compiled for AVX2 and AVX-512 (src/core/platform.h: the activations, the
+   recurrences' cells, exp sums, cross-entropy's gradient, the backend's sum of squares) give
+   the generic loops' bits: every op case, and rows long enough for their blocks, each way. */
+static void simd_level_vs_generic(int level) {
+    static const char *const names[3] = {"generic", "AVX2", "AVX-512"};
+    static float a[3 * 50257 + 3001], b[3 * 50257 + 3001];
+    int64_t n;
+    int i;
     for (i = 0; i < N_CASES; i++) {
         dtr_context *c1 = test_ctx(1), *c2 = test_ctx(1);
         run_result x, y;
         c2->rng = c1->rng;
         dtr__simd_force(0);
         x = run_case(c1, &CASES[i]);
-        dtr__simd_force(1);
+        dtr__simd_force(level);
         y = run_case(c2, &CASES[i]);
-        CHECK_MSG(x.ok == y.ok && (!x.ok || (x.n_out == y.n_out && max_rel_diff(&x, &y) == 0.0)), "%s: AVX2 loops differ from the generic ones",
-                  CASES[i].name);
+        CHECK_MSG(x.ok == y.ok && (!x.ok || (x.n_out == y.n_out && max_rel_diff(&x, &y) == 0.0)), "%s: %s loops differ from the generic ones",
+                  CASES[i].name, names[level]);
         free(x.out);
         free(y.out);
         dtr_context_destroy(c1);
@@ -974,18 +1013,39 @@ static void test_simd_variants(void) {
     }
     dtr__simd_force(0);
     big_softmaxes(a);
-    dtr__simd_force(1);
+    dtr__simd_force(level);
     big_softmaxes(b);
-    CHECK_MSG(memcmp(a, b, sizeof a) == 0, "cross-entropy / softmax over long rows: AVX2 loops differ from the generic ones");
+    CHECK_MSG(memcmp(a, b, sizeof a) == 0, "cross-entropy / softmax over long rows: %s loops differ from the generic ones", names[level]);
+    memset(a, 0, sizeof a), memset(b, 0xff, sizeof b);
+    dtr__simd_force(0);
+    n = big_cells(a);
+    dtr__simd_force(level);
+    CHECK(big_cells(b) == n && n > 19000);
+    CHECK_MSG(memcmp(a, b, (size_t)n * sizeof(float)) == 0, "LSTM, GRU and activations over blocks: %s loops differ from the "
+              "generic ones", names[level]);
     {   /* the backend's sum of squares (gradient norms: clipping, the optimizer's check) */
         dtr_context *c = test_ctx(1);
         double s0 = 0.0, s1 = 1.0;
         dtr__simd_force(0);
         CHECK_OK(c, c->backend->sumsq(c, a, (int64_t)(sizeof a / sizeof a[0]) - 3, &s0));
-        dtr__simd_force(1);
+        dtr__simd_force(level);
         CHECK_OK(c, c->backend->sumsq(c, a, (int64_t)(sizeof a / sizeof a[0]) - 3, &s1));
-        CHECK_MSG(memcmp(&s0, &s1, sizeof s0) == 0 && s0 > 0.0, "sum of squares: AVX2 %.17g, generic %.17g", s1, s0);
+        CHECK_MSG(memcmp(&s0, &s1, sizeof s0) == 0 && s0 > 0.0, "sum of squares: %s %.17g, generic %.17g", names[level], s1, s0);
         dtr_context_destroy(c);
+    }
+}
+
+static void test_simd_variants(void) {
+    int level, best = dtr__simd_level();
+    if (best == 0) {
+        printf("*** SIMD variants: this CPU (or DTRAIN_SIMD=generic) runs the generic loops only: SKIPPED ***\n");
+        return;
+    }
+    if (best < 2) printf("*** SIMD variants: no AVX-512 here (or DTRAIN_SIMD=avx2): AVX2 against generic only ***\n");
+    for (level = 1; level <= best; level++) {
+        dtr__simd_force(level);
+        CHECK_EQ_INT(dtr__simd_level(), level);
+        simd_level_vs_generic(level);
     }
     dtr__simd_force(-1);
 }

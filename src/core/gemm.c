@@ -636,7 +636,7 @@ int dtr__gemm_force(const char *name) {
     return 1;
 }
 
-static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the first call */
+static int dtr__simd_state = -1;   /* dtr__simd_level's answer; -1 until the first call */
 
 #if DTR__HAVE_ATOMICS
 #define DTR__SIMD_GET() DTR__ATOMIC_LOAD_RELAXED(&dtr__simd_state)
@@ -646,20 +646,24 @@ static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the firs
 #define DTR__SIMD_SET(v) (dtr__simd_state = (v))
 #endif
 
-/* 1 when AVX2 code is compiled in and this CPU runs it */
-static int dtr__simd_can(void) { return DTR__X86_SIMD && dtr__gemm_supported(1); }
+/* the best element-loop variant compiled in that this CPU runs: 2 AVX-512, 1 AVX2, 0 none */
+static int dtr__simd_can(void) { return !DTR__X86_SIMD ? 0 : !dtr__gemm_supported(1) ? 0 : dtr__gemm_supported(2) ? 2 : 1; }
 
-int dtr__simd_avx2(void) {
+int dtr__simd_level(void) {
     int s = DTR__SIMD_GET();
     if (s < 0) {
         const char *e = getenv("DTRAIN_SIMD");
-        s = dtr__simd_can() && !(e && strcmp(e, "generic") == 0);
+        s = dtr__simd_can();
+        if (e && strcmp(e, "generic") == 0) s = 0;
+        else if (e && strcmp(e, "avx2") == 0 && s > 1) s = 1;
         DTR__SIMD_SET(s);   /* every thread that races here computes the same value */
     }
     return s;
 }
 
-void dtr__simd_force(int avx2) { DTR__SIMD_SET(avx2 < 0 ? -1 : avx2 && dtr__simd_can()); }
+int dtr__simd_avx2(void) { return dtr__simd_level() > 0; }
+
+void dtr__simd_force(int level) { DTR__SIMD_SET(level < 0 ? -1 : level < dtr__simd_can() ? level : dtr__simd_can()); }
 
 const char *dtr__gemm_kernel_name(void) {
 #ifdef DTR_USE_CBLAS

@@ -97,12 +97,19 @@ const char *dtr__gemm_kernel_name(void);
  *  run-time pick. Returns 1, or 0 (nothing changed) for a name this build or CPU lacks.
  *  Thread safety: not while products run. */
 int dtr__gemm_force(const char *name);
-/** 1 when the element loops' AVX2 variants run (DTR__TARGET_AVX2: the CPU has AVX2 and
- *  DTRAIN_SIMD is not "generic"; read once). Thread safety: any thread. */
+/** The element loops' variant that runs: 2 AVX-512 (DTR__TARGET_AVX512, where the loop has
+ *  one), 1 AVX2 (DTR__TARGET_AVX2), 0 the generic one: the best this CPU runs, capped by
+ *  DTRAIN_SIMD ("generic": 0, "avx2": 1; read once). Thread safety: any thread. */
+int dtr__simd_level(void);
+/** 1 when dtr__simd_level is 1 or more: the AVX2 variants run (and the AVX-512 ones where
+ *  they exist). Thread safety: any thread. */
 int dtr__simd_avx2(void);
-/** Forces the element loops' variant: 1 AVX2 (where the CPU has it), 0 the generic one, -1
- *  back to the default (tests compare the two). Thread safety: not while ops run. */
-void dtr__simd_force(int avx2);
+/** Forces the element loops' variant: 2 AVX-512, 1 AVX2 (each where the CPU has it, else the
+ *  best below), 0 the generic one, -1 back to the default (tests compare them). Thread
+ *  safety: not while ops run. */
+void dtr__simd_force(int level);
+/** A loop's variant for dtr__simd_level: the AVX-512 one, the AVX2 one or the generic one. */
+#define DTR__SIMD_PICK(generic, avx2, avx512) (dtr__simd_level() >= 2 ? (avx512) : dtr__simd_level() ? (avx2) : (generic))
 
 /* ---- arena ---- */
 

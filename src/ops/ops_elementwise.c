@@ -216,10 +216,10 @@ dtr_tensor *dtr_softplus(dtr_context *ctx, dtr_tensor *x, float beta, float thre
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
 /* y[i] = F(x[i]) for i in [b, e), and gx[i] += g[i] * D(v[i]) (v: x or y, as the derivative
- * D takes), as DTR__ELEMENTWISE loops (blocks of 8 the loop vectorizer takes whole: y, gx never
+ * D takes), as DTR__ELEMENTWISE loops (blocks of 16 the loop vectorizer takes whole: y, gx never
  * overlap what is read at other indices), where F and D have no branch (ReLU's compare and
  * select, GELU's and tanh's bit-mask pick: dtr__f_tanh). Per element the operations are those
- * of the scalar loop, so the results are the same, on SSE2 and on AVX2 (below). Through a
+ * of the scalar loop, so the results are the same, on SSE2, AVX2 and AVX-512 (below). Through a
  * block copied into a local array (before 2026-11-28) GCC's AVX2 code stalled on its stores. */
 #define DTR__MAP8(F, x, y, b, e) DTR__ELEMENTWISE(b, e, (y)[i] = F((x)[i]))
 #define DTR__GRAD8(D, v, g, gx, b, e) DTR__ELEMENTWISE(b, e, (gx)[i] += (g)[i] * D((v)[i]))
@@ -274,16 +274,18 @@ DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) 
     }
 }
 
-/* the two bodies as they are and for AVX2 (src/core/platform.h) */
+/* the two bodies as they are, for AVX2 and for AVX-512 (src/core/platform.h) */
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
 static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__unary_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__unary_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__unary_fwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__unary_bwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
 
 dtr_result dtr__cpu_unary_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_fwd_avx2 : dtr__unary_fwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, DTR__SIMD_PICK(dtr__unary_fwd_range, dtr__unary_fwd_avx2, dtr__unary_fwd_avx512), &j);
     return DTR_OK;
 }
 
@@ -291,7 +293,7 @@ dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     if (!dtr__gradof(nd->in[0])) return DTR_OK;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_bwd_avx2 : dtr__unary_bwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, DTR__SIMD_PICK(dtr__unary_bwd_range, dtr__unary_bwd_avx2, dtr__unary_bwd_avx512), &j);
     return DTR_OK;
 }
 

@@ -932,11 +932,13 @@ static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__l
 static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__lstm_fwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__lstm_bwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
 /* the cell pass, forward (bwd 0) or backward, in the CPU's instruction set */
 static dtr__task_fn dtr__lstm_cell_fn(int bwd) {
-    if (bwd) return dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range;
-    return dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range;
+    if (bwd) return DTR__SIMD_PICK(dtr__lstm_bwd_range, dtr__lstm_bwd_avx2, dtr__lstm_bwd_avx512);
+    return DTR__SIMD_PICK(dtr__lstm_fwd_range, dtr__lstm_fwd_avx2, dtr__lstm_fwd_avx512);
 }
 
 /* the cell op's job: gates in[0], c in[1] (both dense), y = [h | c'] */
@@ -1090,6 +1092,8 @@ static void dtr__gru_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gr
 static void dtr__gru_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__gru_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
 DTR__TARGET_AVX2 static void dtr__gru_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__gru_fwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__gru_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX512 static void dtr__gru_bwd_avx512(void *arg, int64_t b, int64_t e, int w) { dtr__gru_bwd_body(arg, b, e, w); }
 
 /* the recurrence op's tensors as pointers; G gates of H, output rows of Y */
 typedef struct dtr__rnn_seq {
@@ -1136,10 +1140,9 @@ typedef struct dtr__rnn_walk {
 
 /* the cell pass over rows [b, e) on worker w, or over the pool (w < 0: b = 0, e = B) */
 static void dtr__rnn_cells(const dtr__rnn_walk *k, void *job, int64_t b, int64_t e, int w) {
-    int avx = dtr__simd_avx2();
     dtr__task_fn fn = !k->s.gru ? dtr__lstm_cell_fn(k->bwd)
-                      : k->bwd  ? (avx ? dtr__gru_bwd_avx2 : dtr__gru_bwd_range)
-                                : (avx ? dtr__gru_fwd_avx2 : dtr__gru_fwd_range);
+                      : k->bwd  ? DTR__SIMD_PICK(dtr__gru_bwd_range, dtr__gru_bwd_avx2, dtr__gru_bwd_avx512)
+                                : DTR__SIMD_PICK(dtr__gru_fwd_range, dtr__gru_fwd_avx2, dtr__gru_fwd_avx512);
     if (w < 0) dtr__pool_run(k->ctx->pool, e, 8, fn, job);
     else fn(job, b, e, w);
 }

@@ -14,8 +14,8 @@
                        libstb-dev, or set DTR_STB_IMAGE_HEADER to your copy's path)
        DTR_NO_SIMD     portable C only: no AVX2 / AVX-512 code compiled with target
                        attributes (GEMM kernels, element loops). At run time the environment
-                       variables DTRAIN_GEMM_KERNEL=avx512|avx2|generic and DTRAIN_SIMD=generic
-                       choose among them.
+                       variables DTRAIN_GEMM_KERNEL=avx512|avx2|generic and
+                       DTRAIN_SIMD=avx2|generic choose among them.
 
    See README.md and docs/ for the guides; every public function below has a doc comment.
 */
