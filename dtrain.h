@@ -5110,7 +5110,7 @@ int dtr__gemm_force(const char *name);
 int dtr__simd_level(void);
 /** 1 when dtr__simd_level is 1 or more: the AVX2 variants run (and the AVX-512 ones where
  *  they exist). Thread safety: any thread. */
-int dtr__simd_avx2(void);
+DTR__PRIVATE int dtr__simd_avx2(void);
 /** Forces the element loops' variant: 2 AVX-512, 1 AVX2 (each where the CPU has it, else the
  *  best below), 0 the generic one, -1 back to the default (tests compare them). Thread
  *  safety: not while ops run. */
