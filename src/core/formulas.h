@@ -20,6 +20,8 @@
 
 #if defined(__CUDACC__)
 #define DTR__HD static __host__ __device__ __forceinline__
+#elif defined(__clang__)   /* else Clang calls the larger ones (GELU's erf derivative) once an element */
+#define DTR__HD static inline __attribute__((always_inline))
 #else
 #define DTR__HD static inline
 #endif

@@ -49,9 +49,9 @@
  *  checks every op case both ways). The loops whose elements each take several exponentials
  *  (the activations, the LSTM's and GRU's cells) are compiled a third time for AVX-512
  *  (DTR__TARGET_AVX512: 16 floats a vector, about 1.8x over AVX2 on them; DTRAIN_SIMD=avx2
- *  stops at AVX2). AVX-512 brings FMA: GCC is told not to contract there; Clang contracts
- *  inside an expression unless built with -ffp-contract=off, and then that variant's bits
- *  may differ from the others'. x86-64 with GCC or Clang; elsewhere, or with DTR_NO_SIMD, the
+ *  stops at AVX2). AVX-512 brings FMA: GCC is told not to contract there, and Clang reads the
+ *  library's code with contraction off (the amalgamation's pragmas: by default it contracts
+ *  inside an expression), so every variant gives the same bits. x86-64 with GCC or Clang; elsewhere, or with DTR_NO_SIMD, the
  *  AVX2 and AVX-512 functions are plain ones and never picked. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DTR_NO_SIMD)
 #define DTR__X86_SIMD 1
