@@ -913,6 +913,15 @@ DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
             dtr__rnn_pad_grad(q, NULL, 4 * H, gh, j->carry + r * 2 * H, 2 * H);
             continue;
         }
+        if (t && q && gc) {   /* a recurrence's step: the gates' gradients written in place */
+            DTR__ELEMENTWISE(0, H, {
+                float dcp_;
+                dtr__f_lstm_cell_grad_act(ai[i], af[i], ag[i], ao[i], c ? c[i] : 0.0f, t[i], gh[i], gcr[i], &q[i], &q[H + i], &q[2 * H + i],
+                                          &q[3 * H + i], &dcp_);
+                gc[i] += dcp_;
+            });
+            continue;
+        }
         for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
             n = H - k0 < 64 ? H - k0 : 64;
             if (t)
