@@ -4080,7 +4080,11 @@ typedef struct dtr_trainer_background_config {
 } dtr_trainer_background_config;
 
 /** The publication guard: weights are published only when their loss on a held-out set is
- *  no worse than the published weights' loss on the same set (both measured now). */
+ *  no worse than the published weights' loss on the same set (both measured now). Each
+ *  guarded publication reports the new weights' held-out loss to the trainer's optimizer
+ *  (dtr_optimizer_report_metric): with optimizer.schedule.kind DTR_SCHED_PLATEAU the rate
+ *  drops when it stops improving, and dtr_optimizer_metric_stats(dtr_trainer_optimizer(tr))
+ *  has the counts. */
 typedef struct dtr_trainer_guard_config {
     int enabled;                      /**< 1: guard every publication */
     int64_t holdout_every;            /**< every k-th accepted sample goes to the held-out set instead of
@@ -5005,7 +5009,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 5009 "dtrain.h"
+#line 5013 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5974,7 +5978,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5978 "dtrain.h"
+#line 5982 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6474,7 +6478,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6478 "dtrain.h"
+#line 6482 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6536,7 +6540,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6540 "dtrain.h"
+#line 6544 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6916,7 +6920,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6920 "dtrain.h"
+#line 6924 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6959,7 +6963,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6963 "dtrain.h"
+#line 6967 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6996,7 +7000,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 7000 "dtrain.h"
+#line 7004 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -7055,7 +7059,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 7059 "dtrain.h"
+#line 7063 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7129,7 +7133,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7133 "dtrain.h"
+#line 7137 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7197,7 +7201,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7201 "dtrain.h"
+#line 7205 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)
@@ -7279,7 +7283,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7283 "dtrain.h"
+#line 7287 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7631,7 +7635,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7635 "dtrain.h"
+#line 7639 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8633,7 +8637,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8637 "dtrain.h"
+#line 8641 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9308,7 +9312,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9312 "dtrain.h"
+#line 9316 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9399,7 +9403,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9403 "dtrain.h"
+#line 9407 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9881,7 +9885,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9885 "dtrain.h"
+#line 9889 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10137,7 +10141,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10141 "dtrain.h"
+#line 10145 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10370,7 +10374,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10374 "dtrain.h"
+#line 10378 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10489,7 +10493,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10493 "dtrain.h"
+#line 10497 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10545,7 +10549,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10549 "dtrain.h"
+#line 10553 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10974,7 +10978,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 10978 "dtrain.h"
+#line 10982 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11239,7 +11243,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11243 "dtrain.h"
+#line 11247 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11805,7 +11809,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11809 "dtrain.h"
+#line 11813 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -11987,7 +11991,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 11991 "dtrain.h"
+#line 11995 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13629,7 +13633,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13633 "dtrain.h"
+#line 13637 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14611,7 +14615,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14615 "dtrain.h"
+#line 14619 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14873,7 +14877,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14877 "dtrain.h"
+#line 14881 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15274,7 +15278,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15278 "dtrain.h"
+#line 15282 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15420,7 +15424,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15424 "dtrain.h"
+#line 15428 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16317,7 +16321,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16321 "dtrain.h"
+#line 16325 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16783,7 +16787,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16787 "dtrain.h"
+#line 16791 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17059,7 +17063,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17063 "dtrain.h"
+#line 17067 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17296,7 +17300,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17300 "dtrain.h"
+#line 17304 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17589,7 +17593,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17593 "dtrain.h"
+#line 17597 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18578,7 +18582,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18582 "dtrain.h"
+#line 18586 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18716,7 +18720,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18720 "dtrain.h"
+#line 18724 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19063,7 +19067,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19067 "dtrain.h"
+#line 19071 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19129,7 +19133,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19133 "dtrain.h"
+#line 19137 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19366,7 +19370,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19370 "dtrain.h"
+#line 19374 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20115,7 +20119,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20119 "dtrain.h"
+#line 20123 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20568,7 +20572,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20572 "dtrain.h"
+#line 20576 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20624,7 +20628,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20628 "dtrain.h"
+#line 20632 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21466,7 +21470,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21470 "dtrain.h"
+#line 21474 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22047,7 +22051,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22051 "dtrain.h"
+#line 22055 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22678,7 +22682,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22682 "dtrain.h"
+#line 22686 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23474,7 +23478,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23478 "dtrain.h"
+#line 23482 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23827,7 +23831,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23831 "dtrain.h"
+#line 23835 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24017,7 +24021,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24021 "dtrain.h"
+#line 24025 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24198,7 +24202,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24202 "dtrain.h"
+#line 24206 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24973,7 +24977,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24977 "dtrain.h"
+#line 24981 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25490,7 +25494,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25494 "dtrain.h"
+#line 25498 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26285,7 +26289,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26289 "dtrain.h"
+#line 26293 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27533,7 +27537,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27537 "dtrain.h"
+#line 27541 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28155,7 +28159,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28159 "dtrain.h"
+#line 28163 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28656,7 +28660,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28660 "dtrain.h"
+#line 28664 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29386,7 +29390,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29390 "dtrain.h"
+#line 29394 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29622,7 +29626,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29626 "dtrain.h"
+#line 29630 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29751,7 +29755,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29755 "dtrain.h"
+#line 29759 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30201,7 +30205,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30205 "dtrain.h"
+#line 30209 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30694,7 +30698,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30698 "dtrain.h"
+#line 30702 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31309,7 +31313,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31313 "dtrain.h"
+#line 31317 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31815,7 +31819,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31819 "dtrain.h"
+#line 31823 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33367,7 +33371,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33371 "dtrain.h"
+#line 33375 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33421,7 +33425,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33425 "dtrain.h"
+#line 33429 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34625,7 +34629,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34629 "dtrain.h"
+#line 34633 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -34885,7 +34889,8 @@ static dtr_result dtr__tr_put(dtr_trainer *tr, dtr_model *m, const float *image)
 }
 
 /* The guard: evaluates the candidate (the model's weights, also in `s`) and the current
- * snapshot on the same held-out samples. 1: publish; 0: refused. */
+ * snapshot on the same held-out samples. 1: publish; 0: refused. The candidate's loss is
+ * reported to the optimizer (dtr_optimizer_report_metric: a plateau schedule's metric). */
 static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *ok) {
     float ln, lo;
     int64_t n = dtr__tr_hold_copy(tr);
@@ -34898,7 +34903,7 @@ static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *
        (dtr_model_write: through the backend on a device) */
     if ((r = dtr__tr_put(tr, tr->cfg.model, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
     if ((r2 = dtr__tr_put(tr, tr->cfg.model, s->params)) != DTR_OK && r == DTR_OK) r = r2;
-    if (r != DTR_OK) return r;
+    if (r != DTR_OK || (r = dtr_optimizer_report_metric(tr->opt, ln, NULL)) != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
     pthread_mutex_lock(&tr->smu);
@@ -35528,7 +35533,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35532 "dtrain.h"
+#line 35537 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37006,7 +37011,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37010 "dtrain.h"
+#line 37015 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37399,7 +37404,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37403 "dtrain.h"
+#line 37408 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37548,7 +37553,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37552 "dtrain.h"
+#line 37557 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

@@ -495,6 +495,43 @@ static void test_guard(void) {
     tnet_free(&n);
 }
 
+/* The guard's held-out loss drives a plateau schedule: on labels no model can learn (a coin
+ * flip) the loss stops improving and the rate drops; each guarded publication is one report. */
+static void test_guard_plateau(void) {
+    tnet n;
+    dtr_trainer_config c;
+    dtr_trainer *tr;
+    dtr_trainer_stats st;
+    dtr_metric_stats ms;
+    float x[128];
+    int32_t y[64];
+    uint32_t s = 11, coin = 77;
+    int64_t i, k;
+    tnet_make(&n, 4);
+    c = tcfg(&n);
+    c.guard.enabled = 1;
+    c.guard.holdout_every = 4;
+    c.guard.tolerance = 1.0f;   /* publish anyway: the reports are what this test is about */
+    c.publish_every = 4;
+    c.optimizer.schedule.kind = DTR_SCHED_PLATEAU;
+    c.optimizer.schedule.gamma = 0.5f, c.optimizer.schedule.step_size = 1, c.optimizer.schedule.threshold = 0.01f;
+    if (!(tr = tmake(&c))) return tnet_free(&n);
+    for (i = 0; i < 60; i++) {
+        tdata(&s, 0.5f, x, y, 64);
+        for (k = 0; k < 64; k++) coin = coin * 1664525u + 1013904223u, y[k] = (int32_t)(coin >> 31);
+        CHECK_OK(NULL, dtr_trainer_push(tr, x, y, 64, 0, NULL));
+        CHECK_OK(NULL, dtr_trainer_tick(tr, 100000, NULL));
+    }
+    dtr_trainer_get_stats(tr, &st);
+    CHECK_OK(NULL, dtr_optimizer_metric_stats(dtr_trainer_optimizer(tr), &ms));
+    CHECK_MSG(ms.reports == st.published - 1 + st.guard_refused && ms.reports >= 10, "%lld reports, %lld publications",
+              (long long)ms.reports, (long long)st.published);
+    CHECK_MSG(ms.drops >= 1 && dtr_optimizer_lr(dtr_trainer_optimizer(tr)) < 0.02f * 0.75f, "%lld drops, lr %g", (long long)ms.drops,
+              (double)dtr_optimizer_lr(dtr_trainer_optimizer(tr)));
+    dtr_trainer_destroy(tr);
+    tnet_free(&n);
+}
+
 /* ---- falling behind, pushes ---- */
 
 static void test_behind(void) {
@@ -781,6 +818,7 @@ int main(void) {
     RUN(test_reprobe);
     RUN(test_snapshot_stress);
     RUN(test_guard);
+    RUN(test_guard_plateau);
     RUN(test_behind);
     RUN(test_learning_drift);
     RUN(test_buffers_published);

@@ -254,7 +254,8 @@ static dtr_result dtr__tr_put(dtr_trainer *tr, dtr_model *m, const float *image)
 }
 
 /* The guard: evaluates the candidate (the model's weights, also in `s`) and the current
- * snapshot on the same held-out samples. 1: publish; 0: refused. */
+ * snapshot on the same held-out samples. 1: publish; 0: refused. The candidate's loss is
+ * reported to the optimizer (dtr_optimizer_report_metric: a plateau schedule's metric). */
 static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *ok) {
     float ln, lo;
     int64_t n = dtr__tr_hold_copy(tr);
@@ -267,7 +268,7 @@ static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *
        (dtr_model_write: through the backend on a device) */
     if ((r = dtr__tr_put(tr, tr->cfg.model, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
     if ((r2 = dtr__tr_put(tr, tr->cfg.model, s->params)) != DTR_OK && r == DTR_OK) r = r2;
-    if (r != DTR_OK) return r;
+    if (r != DTR_OK || (r = dtr_optimizer_report_metric(tr->opt, ln, NULL)) != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
     pthread_mutex_lock(&tr->smu);

@@ -762,7 +762,11 @@ typedef struct dtr_trainer_background_config {
 } dtr_trainer_background_config;
 
 /** The publication guard: weights are published only when their loss on a held-out set is
- *  no worse than the published weights' loss on the same set (both measured now). */
+ *  no worse than the published weights' loss on the same set (both measured now). Each
+ *  guarded publication reports the new weights' held-out loss to the trainer's optimizer
+ *  (dtr_optimizer_report_metric): with optimizer.schedule.kind DTR_SCHED_PLATEAU the rate
+ *  drops when it stops improving, and dtr_optimizer_metric_stats(dtr_trainer_optimizer(tr))
+ *  has the counts. */
 typedef struct dtr_trainer_guard_config {
     int enabled;                      /**< 1: guard every publication */
     int64_t holdout_every;            /**< every k-th accepted sample goes to the held-out set instead of
