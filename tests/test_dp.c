@@ -23,6 +23,8 @@
  *                          and end where one process with the averaged loss does; by default
  *                          every replica updates it
  *   test_dp_average_buffers  3 ranks' different batch-norm statistics averaged on every rank
+ *   test_dp_report_metric  3 ranks' validation losses, weighted by their sample counts: every
+ *                          rank's plateau schedule drops where one fed the means does
  *   test_dp_single         a group of 1: no hook, identical bits to plain training
  *   test_dp_fault          a rank stops: dtr_dp_finish on the other fails within the deadline
  *                          naming it */
@@ -604,6 +606,78 @@ static void t_dp_average_buffers(void) {
     dtr_local_world_destroy(w);
 }
 
+/* dtr_dp_report_metric: 3 ranks report their own validation losses with their sample counts;
+   every rank reports the weighted mean, so their plateau schedules drop together, as one
+   optimizer fed the means does; a negative weight fails every rank */
+#define MET_N 12
+typedef struct met_rank { dtr_local_world *w; int rank; float lr[MET_N]; dtr_metric_stats st; dtr_result r, bad; } met_rank;
+
+static double met_loss(int rank, int k) { return 1.0 / (1.0 + 0.3 * (k < 5 ? k : 5)) + 0.01 * (double)((rank * 7 + k * 3) % 5); }
+
+static dtr_optimizer_config met_cfg(void) {
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    oc.schedule.kind = DTR_SCHED_PLATEAU, oc.schedule.gamma = 0.5f, oc.schedule.step_size = 1, oc.schedule.threshold = 0.02f;
+    return oc;
+}
+
+static void *met_rank_main(void *arg) {
+    met_rank *b = (met_rank *)arg;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_optimizer_config oc = met_cfg();
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    dtr_optimizer *opt = NULL;
+    mlp n;
+    int k;
+    cfg.local.world = b->w, cfg.local.rank = b->rank;
+    b->r = mlp_init(&n, 7, 1) ? dtr_comm_create(&cfg, &c, NULL, 0) : DTR_INVALID_ARGUMENT;
+    if (b->r == DTR_OK) b->r = dtr_dp_create(n.m, c, NULL, &dp);
+    if (b->r == DTR_OK) b->r = dtr_optimizer_create(n.m, &oc, &opt);
+    for (k = 0; k < MET_N && b->r == DTR_OK; k++) {
+        b->r = dtr_dp_report_metric(dp, opt, met_loss(b->rank, k), (double)(10 + 5 * b->rank), &b->st);
+        b->lr[k] = dtr_optimizer_lr(opt);
+    }
+    if (b->r == DTR_OK) b->bad = dtr_dp_report_metric(dp, opt, 1.0, b->rank == 1 ? -1.0 : 1.0, NULL);
+    dtr_optimizer_destroy(opt);
+    dtr_dp_destroy(dp);
+    dtr_comm_destroy(c);
+    mlp_free(&n);
+    return NULL;
+}
+
+static void t_dp_report_metric(void) {
+    pthread_t tid[3];
+    met_rank mr[3];
+    dtr_local_world *w = NULL;
+    dtr_optimizer_config oc = met_cfg();
+    dtr_optimizer *ref = NULL;
+    dtr_metric_stats st;
+    mlp n;
+    int i, k;
+    CHECK_OK(NULL, dtr_local_world_create(3, NULL, &w));
+    for (i = 0; i < 3; i++) memset(&mr[i], 0, sizeof mr[i]), mr[i].w = w, mr[i].rank = i, pthread_create(&tid[i], NULL, met_rank_main, &mr[i]);
+    for (i = 0; i < 3; i++) pthread_join(tid[i], NULL);
+    CHECK(mlp_init(&n, 7, 1));
+    CHECK_OK(n.ctx, dtr_optimizer_create(n.m, &oc, &ref));
+    for (k = 0; ref && k < MET_N; k++) {
+        double s = 0.0, ws = 0.0;
+        for (i = 0; i < 3; i++) s += met_loss(i, k) * (double)(10 + 5 * i);
+        for (i = 0; i < 3; i++) ws += (double)(10 + 5 * i);
+        CHECK_OK(n.ctx, dtr_optimizer_report_metric(ref, s / ws, &st));
+        for (i = 0; i < 3; i++) CHECK_MSG(mr[i].lr[k] == dtr_optimizer_lr(ref), "rank %d report %d: lr %g, one optimizer %g", i, k,
+                                          (double)mr[i].lr[k], (double)dtr_optimizer_lr(ref));
+    }
+    CHECK(st.drops >= 2 && st.drops < MET_N);
+    for (i = 0; i < 3; i++) {
+        CHECK_MSG(mr[i].r == DTR_OK, "rank %d: %s", i, dtr_result_string(mr[i].r));
+        CHECK(mr[i].st.best == st.best && mr[i].st.drops == st.drops && mr[i].st.reports == MET_N);
+        CHECK_EQ_INT(mr[i].bad, DTR_INVALID_ARGUMENT);   /* rank 1's weight -1: every rank refuses */
+    }
+    dtr_optimizer_destroy(ref);
+    mlp_free(&n);
+    dtr_local_world_destroy(w);
+}
+
 static void t_dp_single(void) {
     dtr_local_world *w = NULL;
     dtr_comm_config cfg = dtr_comm_config_init();
@@ -660,6 +734,7 @@ int main(void) {
     RUN(t_dp_frozen);
     RUN(t_dp_unused);
     RUN(t_dp_average_buffers);
+    RUN(t_dp_report_metric);
     RUN(t_dp_single);
     RUN(t_dp_fault);
     return test_summary();

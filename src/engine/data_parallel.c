@@ -48,6 +48,7 @@
 #include "compress.h"
 #include "zero.h"
 #include "../obs/obs_internal.h"
+#include <math.h>
 
 typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
@@ -571,6 +572,20 @@ dtr_result dtr_dp_average_buffers(dtr_dp *dp) {
     if (r == DTR_OK) r = dtr_model_write_buffers(dp->m, host, n);
     dtr__free(&dp->ctx->alloc, host);
     return r;
+}
+
+dtr_result dtr_dp_report_metric(dtr_dp *dp, dtr_optimizer *opt, double metric, double weight, dtr_metric_stats *stats) {
+    double v[2];
+    dtr_result r;
+    if (!dp || !opt) return DTR_NULL_HANDLE;
+    v[0] = metric * weight, v[1] = weight;
+    if (!(weight >= 0.0) || !isfinite(weight))   /* every rank still takes part: the others wait on it */
+        v[0] = 0.0, v[1] = -HUGE_VAL;
+    if ((r = dtr__comm_sum_doubles(dp->c, dp->ctx, v, 2, "dtr_dp_report_metric")) != DTR_OK) return r;
+    if (!(v[1] > 0.0))
+        return dtr__fail(dp->ctx, DTR_INVALID_ARGUMENT, "dtr_dp_report_metric: the weights sum to %g over the group "
+                         "(each must be finite and >= 0, one > 0; this rank's %g)", v[1], weight);
+    return dtr_optimizer_report_metric(opt, v[0] / v[1], stats);
 }
 
 int dtr_dp_bucket_count(const dtr_dp *dp) { return dp ? dp->nb : 0; }

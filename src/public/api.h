@@ -1726,8 +1726,9 @@ typedef struct dtr_metric_stats {
  *  never improves). With a DTR_SCHED_PLATEAU schedule, more than step_size reports without
  *  an improvement lower schedule.lr to max(lr * gamma, min_lr) (dropped when that moves it by
  *  more than 1e-8, as torch), then `cooldown` reports count as none bad. Under any other
- *  schedule the rate stays; under any, `stale` serves early stopping. Data parallelism: report the
- *  same metric on every rank (its mean over the ranks' shards), or their rates part. Part of
+ *  schedule the rate stays; under any, `stale` serves early stopping. Data parallelism: every
+ *  rank must report the same metric, or their rates part: dtr_dp_report_metric reports the
+ *  group's mean. Part of
  *  the saved state (dtr_optimizer_state's "reports").
  *  @param stats  the counts after this report (may be NULL).
  *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
