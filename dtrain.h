@@ -1003,12 +1003,14 @@ DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *pref
  *  reinforcement learner's target network (a soft update, tau 0.005 each step), or an
  *  exponential moving average of the weights to evaluate and ship (tau = 1 - decay); tau 1
  *  copies src (a hard update), tau 0 leaves target. The two models need the same layers in
- *  the same order (parameters and buffers of equal shapes) on one context; both are built if
- *  they are not. Runs on the context's backend (device memory stays on the device; a
- *  temporary of the model's size while it runs). @return DTR_OK, DTR_NULL_HANDLE,
- *  DTR_INVALID_ARGUMENT (tau outside [0, 1] or not finite; models of two contexts),
- *  DTR_SHAPE_MISMATCH (another layout, naming the first parameter that differs).
- *  Thread safety: the models' context thread. */
+ *  the same order (parameters and buffers of equal shapes); both are built if they are not.
+ *  Runs on target's backend (device memory stays on the device; a temporary of the model's
+ *  size while it runs). src may live on another context: a GPU model's average kept in host
+ *  memory on a CPU context, or the reverse (src's values come over through host memory; the
+ *  same bits as on one context). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (tau
+ *  outside [0, 1] or not finite), DTR_SHAPE_MISMATCH (another layout, naming the first
+ *  parameter that differs), DTR_OUT_OF_MEMORY, DTR_DEVICE_OUT_OF_MEMORY, a copy's error.
+ *  Thread safety: the thread of target's context, with no op running on src's. */
 DTR_API dtr_result dtr_model_lerp(dtr_model *target, dtr_model *src, float tau);
 /** 1 when parameter i is trainable (not frozen), 0 otherwise or out of range.
  *  Thread safety: the model's context thread. */
@@ -5018,7 +5020,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 5022 "dtrain.h"
+#line 5024 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5987,7 +5989,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5991 "dtrain.h"
+#line 5993 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6487,7 +6489,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6491 "dtrain.h"
+#line 6493 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6549,7 +6551,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6553 "dtrain.h"
+#line 6555 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6929,7 +6931,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6933 "dtrain.h"
+#line 6935 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6972,7 +6974,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6976 "dtrain.h"
+#line 6978 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -7009,7 +7011,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 7013 "dtrain.h"
+#line 7015 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -7068,7 +7070,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 7072 "dtrain.h"
+#line 7074 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7142,7 +7144,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7146 "dtrain.h"
+#line 7148 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7210,7 +7212,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7214 "dtrain.h"
+#line 7216 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)
@@ -7292,7 +7294,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7296 "dtrain.h"
+#line 7298 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7644,7 +7646,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7648 "dtrain.h"
+#line 7650 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8646,7 +8648,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8650 "dtrain.h"
+#line 8652 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9321,7 +9323,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9325 "dtrain.h"
+#line 9327 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9412,7 +9414,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9416 "dtrain.h"
+#line 9418 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9894,7 +9896,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9898 "dtrain.h"
+#line 9900 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10150,7 +10152,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10154 "dtrain.h"
+#line 10156 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10383,7 +10385,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10387 "dtrain.h"
+#line 10389 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10502,7 +10504,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10506 "dtrain.h"
+#line 10508 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10558,7 +10560,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10562 "dtrain.h"
+#line 10564 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10987,7 +10989,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 10991 "dtrain.h"
+#line 10993 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11252,7 +11254,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11256 "dtrain.h"
+#line 11258 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11818,7 +11820,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11822 "dtrain.h"
+#line 11824 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -12000,7 +12002,7 @@ void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
         DTR__ELEMENTWISE(0, n, out[i] += x[i]);
     }
 }
-#line 12004 "dtrain.h"
+#line 12006 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13642,7 +13644,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13646 "dtrain.h"
+#line 13648 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14624,7 +14626,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14628 "dtrain.h"
+#line 14630 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14886,7 +14888,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14890 "dtrain.h"
+#line 14892 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15287,7 +15289,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15291 "dtrain.h"
+#line 15293 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15433,7 +15435,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15437 "dtrain.h"
+#line 15439 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -15995,7 +15997,6 @@ static dtr_result dtr__lerp_check(dtr_model *a, dtr_model *b, float tau) {
     dtr_result r;
     if (!(tau >= 0.0f && tau <= 1.0f))
         return dtr__fail(a->ctx, DTR_INVALID_ARGUMENT, "dtr_model_lerp: tau %g must be in [0, 1]", (double)tau);
-    if (a->ctx != b->ctx) return dtr__fail(a->ctx, DTR_INVALID_ARGUMENT, "dtr_model_lerp: the models belong to two contexts");
     if ((r = dtr_model_build(a)) != DTR_OK || (r = dtr_model_build(b)) != DTR_OK) return r;
     if (a->count != b->count || a->nbuf != b->nbuf)   /* (equal shapes then give equal blocks) */
         return dtr__fail(a->ctx, DTR_SHAPE_MISMATCH, "dtr_model_lerp: the target has %d parameters and %d buffers, the source %d "
@@ -16007,17 +16008,33 @@ static dtr_result dtr__lerp_check(dtr_model *a, dtr_model *b, float tau) {
     return dtr__model_present(b, "dtr_model_lerp");
 }
 
-/* a = (1 - tau) a + tau b over n floats of the backend's memory, through a temporary for tau b */
-static dtr_result dtr__lerp_block(dtr_context *ctx, float *a, const float *b, int64_t n, float tau) {
+/* dst (ctx's memory) = src (bctx's memory), through host memory when either is a device's */
+static dtr_result dtr__lerp_copy(dtr_context *ctx, float *dst, dtr_context *bctx, const float *src, size_t bytes) {
+    void *host;
+    dtr_result r;
+    if (bctx == ctx) return dtr__mem_copy(ctx, dst, src, bytes);
+    if (dtr__host_memory(bctx)) return ctx->backend->from_host(ctx, dst, src, bytes);
+    if (dtr__host_memory(ctx)) return bctx->backend->to_host(bctx, dst, src, bytes);
+    if (!(host = dtr__malloc(&ctx->alloc, bytes)))
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_lerp: no host memory to stage %zu bytes", bytes);
+    r = bctx->backend->to_host(bctx, host, src, bytes);
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dst, host, bytes);
+    dtr__free(&ctx->alloc, host);
+    return r;
+}
+
+/* a = (1 - tau) a + tau b over n floats, a of ctx's memory and b of bctx's (the same context or
+   another: a GPU model's moving average kept on the CPU), through a temporary for tau b */
+static dtr_result dtr__lerp_block(dtr_context *ctx, float *a, dtr_context *bctx, const float *b, int64_t n, float tau) {
     size_t bytes = (size_t)n * sizeof(float);
     float *t;
     dtr_result r;
     if (n == 0 || tau == 0.0f) return DTR_OK;
-    if (tau == 1.0f) return dtr__mem_copy(ctx, a, b, bytes);
+    if (tau == 1.0f) return dtr__lerp_copy(ctx, a, bctx, b, bytes);
     if (!(t = (float *)ctx->backend->mem_alloc(ctx, bytes)))
         return dtr__fail(ctx, dtr__host_memory(ctx) ? DTR_OUT_OF_MEMORY : DTR_DEVICE_OUT_OF_MEMORY,
                          "dtr_model_lerp: no memory for a temporary of %lld floats", (long long)n);
-    r = dtr__mem_copy(ctx, t, b, bytes);
+    r = dtr__lerp_copy(ctx, t, bctx, b, bytes);
     if (r == DTR_OK) r = ctx->backend->scale(ctx, t, n, tau);
     if (r == DTR_OK) r = ctx->backend->scale(ctx, a, n, 1.0f - tau);
     if (r == DTR_OK) r = ctx->backend->reduce(ctx, a, a, t, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1);
@@ -16029,8 +16046,8 @@ dtr_result dtr_model_lerp(dtr_model *target, dtr_model *src, float tau) {
     dtr_result r;
     if (!target || !src) return DTR_NULL_HANDLE;
     if ((r = dtr__lerp_check(target, src, tau)) != DTR_OK) return r;
-    if ((r = dtr__lerp_block(target->ctx, target->data, src->data, target->total, tau)) != DTR_OK) return r;
-    return dtr__lerp_block(target->ctx, target->buf_data, src->buf_data, target->buf_total, tau);
+    if ((r = dtr__lerp_block(target->ctx, target->data, src->ctx, src->data, target->total, tau)) != DTR_OK) return r;
+    return dtr__lerp_block(target->ctx, target->buf_data, src->ctx, src->buf_data, target->buf_total, tau);
 }
 
 void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
@@ -16330,7 +16347,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16334 "dtrain.h"
+#line 16351 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16796,7 +16813,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16800 "dtrain.h"
+#line 16817 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17072,7 +17089,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17076 "dtrain.h"
+#line 17093 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17309,7 +17326,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17313 "dtrain.h"
+#line 17330 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17602,7 +17619,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17606 "dtrain.h"
+#line 17623 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18591,7 +18608,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18595 "dtrain.h"
+#line 18612 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18729,7 +18746,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18733 "dtrain.h"
+#line 18750 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19076,7 +19093,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19080 "dtrain.h"
+#line 19097 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19142,7 +19159,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19146 "dtrain.h"
+#line 19163 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19379,7 +19396,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19383 "dtrain.h"
+#line 19400 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20128,7 +20145,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20132 "dtrain.h"
+#line 20149 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20581,7 +20598,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20585 "dtrain.h"
+#line 20602 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20637,7 +20654,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20641 "dtrain.h"
+#line 20658 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21479,7 +21496,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21483 "dtrain.h"
+#line 21500 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22060,7 +22077,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22064 "dtrain.h"
+#line 22081 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22691,7 +22708,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22695 "dtrain.h"
+#line 22712 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23487,7 +23504,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23491 "dtrain.h"
+#line 23508 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23840,7 +23857,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23844 "dtrain.h"
+#line 23861 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24030,7 +24047,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24034 "dtrain.h"
+#line 24051 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24211,7 +24228,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24215 "dtrain.h"
+#line 24232 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -24986,7 +25003,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 24990 "dtrain.h"
+#line 25007 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25503,7 +25520,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25507 "dtrain.h"
+#line 25524 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26298,7 +26315,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26302 "dtrain.h"
+#line 26319 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27546,7 +27563,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27550 "dtrain.h"
+#line 27567 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28168,7 +28185,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28172 "dtrain.h"
+#line 28189 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28669,7 +28686,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28673 "dtrain.h"
+#line 28690 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29399,7 +29416,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29403 "dtrain.h"
+#line 29420 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29635,7 +29652,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29639 "dtrain.h"
+#line 29656 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29764,7 +29781,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29768 "dtrain.h"
+#line 29785 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30214,7 +30231,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30218 "dtrain.h"
+#line 30235 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30707,7 +30724,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30711 "dtrain.h"
+#line 30728 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31337,7 +31354,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31341 "dtrain.h"
+#line 31358 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31843,7 +31860,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31847 "dtrain.h"
+#line 31864 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33395,7 +33412,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33399 "dtrain.h"
+#line 33416 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33449,7 +33466,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33453 "dtrain.h"
+#line 33470 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34653,7 +34670,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34657 "dtrain.h"
+#line 34674 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35557,7 +35574,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35561 "dtrain.h"
+#line 35578 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37035,7 +37052,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37039 "dtrain.h"
+#line 37056 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37428,7 +37445,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37432 "dtrain.h"
+#line 37449 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37577,7 +37594,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37581 "dtrain.h"
+#line 37598 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

@@ -556,7 +556,6 @@ static dtr_result dtr__lerp_check(dtr_model *a, dtr_model *b, float tau) {
     dtr_result r;
     if (!(tau >= 0.0f && tau <= 1.0f))
         return dtr__fail(a->ctx, DTR_INVALID_ARGUMENT, "dtr_model_lerp: tau %g must be in [0, 1]", (double)tau);
-    if (a->ctx != b->ctx) return dtr__fail(a->ctx, DTR_INVALID_ARGUMENT, "dtr_model_lerp: the models belong to two contexts");
     if ((r = dtr_model_build(a)) != DTR_OK || (r = dtr_model_build(b)) != DTR_OK) return r;
     if (a->count != b->count || a->nbuf != b->nbuf)   /* (equal shapes then give equal blocks) */
         return dtr__fail(a->ctx, DTR_SHAPE_MISMATCH, "dtr_model_lerp: the target has %d parameters and %d buffers, the source %d "
@@ -568,17 +567,33 @@ static dtr_result dtr__lerp_check(dtr_model *a, dtr_model *b, float tau) {
     return dtr__model_present(b, "dtr_model_lerp");
 }
 
-/* a = (1 - tau) a + tau b over n floats of the backend's memory, through a temporary for tau b */
-static dtr_result dtr__lerp_block(dtr_context *ctx, float *a, const float *b, int64_t n, float tau) {
+/* dst (ctx's memory) = src (bctx's memory), through host memory when either is a device's */
+static dtr_result dtr__lerp_copy(dtr_context *ctx, float *dst, dtr_context *bctx, const float *src, size_t bytes) {
+    void *host;
+    dtr_result r;
+    if (bctx == ctx) return dtr__mem_copy(ctx, dst, src, bytes);
+    if (dtr__host_memory(bctx)) return ctx->backend->from_host(ctx, dst, src, bytes);
+    if (dtr__host_memory(ctx)) return bctx->backend->to_host(bctx, dst, src, bytes);
+    if (!(host = dtr__malloc(&ctx->alloc, bytes)))
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_lerp: no host memory to stage %zu bytes", bytes);
+    r = bctx->backend->to_host(bctx, host, src, bytes);
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dst, host, bytes);
+    dtr__free(&ctx->alloc, host);
+    return r;
+}
+
+/* a = (1 - tau) a + tau b over n floats, a of ctx's memory and b of bctx's (the same context or
+   another: a GPU model's moving average kept on the CPU), through a temporary for tau b */
+static dtr_result dtr__lerp_block(dtr_context *ctx, float *a, dtr_context *bctx, const float *b, int64_t n, float tau) {
     size_t bytes = (size_t)n * sizeof(float);
     float *t;
     dtr_result r;
     if (n == 0 || tau == 0.0f) return DTR_OK;
-    if (tau == 1.0f) return dtr__mem_copy(ctx, a, b, bytes);
+    if (tau == 1.0f) return dtr__lerp_copy(ctx, a, bctx, b, bytes);
     if (!(t = (float *)ctx->backend->mem_alloc(ctx, bytes)))
         return dtr__fail(ctx, dtr__host_memory(ctx) ? DTR_OUT_OF_MEMORY : DTR_DEVICE_OUT_OF_MEMORY,
                          "dtr_model_lerp: no memory for a temporary of %lld floats", (long long)n);
-    r = dtr__mem_copy(ctx, t, b, bytes);
+    r = dtr__lerp_copy(ctx, t, bctx, b, bytes);
     if (r == DTR_OK) r = ctx->backend->scale(ctx, t, n, tau);
     if (r == DTR_OK) r = ctx->backend->scale(ctx, a, n, 1.0f - tau);
     if (r == DTR_OK) r = ctx->backend->reduce(ctx, a, a, t, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1);
@@ -590,8 +605,8 @@ dtr_result dtr_model_lerp(dtr_model *target, dtr_model *src, float tau) {
     dtr_result r;
     if (!target || !src) return DTR_NULL_HANDLE;
     if ((r = dtr__lerp_check(target, src, tau)) != DTR_OK) return r;
-    if ((r = dtr__lerp_block(target->ctx, target->data, src->data, target->total, tau)) != DTR_OK) return r;
-    return dtr__lerp_block(target->ctx, target->buf_data, src->buf_data, target->buf_total, tau);
+    if ((r = dtr__lerp_block(target->ctx, target->data, src->ctx, src->data, target->total, tau)) != DTR_OK) return r;
+    return dtr__lerp_block(target->ctx, target->buf_data, src->ctx, src->buf_data, target->buf_total, tau);
 }
 
 void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {

@@ -978,12 +978,14 @@ DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *pref
  *  reinforcement learner's target network (a soft update, tau 0.005 each step), or an
  *  exponential moving average of the weights to evaluate and ship (tau = 1 - decay); tau 1
  *  copies src (a hard update), tau 0 leaves target. The two models need the same layers in
- *  the same order (parameters and buffers of equal shapes) on one context; both are built if
- *  they are not. Runs on the context's backend (device memory stays on the device; a
- *  temporary of the model's size while it runs). @return DTR_OK, DTR_NULL_HANDLE,
- *  DTR_INVALID_ARGUMENT (tau outside [0, 1] or not finite; models of two contexts),
- *  DTR_SHAPE_MISMATCH (another layout, naming the first parameter that differs).
- *  Thread safety: the models' context thread. */
+ *  the same order (parameters and buffers of equal shapes); both are built if they are not.
+ *  Runs on target's backend (device memory stays on the device; a temporary of the model's
+ *  size while it runs). src may live on another context: a GPU model's average kept in host
+ *  memory on a CPU context, or the reverse (src's values come over through host memory; the
+ *  same bits as on one context). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (tau
+ *  outside [0, 1] or not finite), DTR_SHAPE_MISMATCH (another layout, naming the first
+ *  parameter that differs), DTR_OUT_OF_MEMORY, DTR_DEVICE_OUT_OF_MEMORY, a copy's error.
+ *  Thread safety: the thread of target's context, with no op running on src's. */
 DTR_API dtr_result dtr_model_lerp(dtr_model *target, dtr_model *src, float tau);
 /** 1 when parameter i is trainable (not frozen), 0 otherwise or out of range.
  *  Thread safety: the model's context thread. */

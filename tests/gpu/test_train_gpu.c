@@ -419,27 +419,38 @@ static void test_batch_norm(void) {
     CHECK(cpu[32] != 0.0f && cpu[48] != 1.0f);   /* the running statistics moved */
 }
 
-/* a model moved 30% toward another of other weights (dtr_model_lerp, a soft target update) */
-static int lerp_run(int gpu, float *out) {
-    dtr_context *ctx = make_ctx(gpu);
+/* a model (on the device: tgpu 1) moved 30% toward another of other weights (dtr_model_lerp,
+   a soft target update) on the same context, or on a context of its own (two: 1; sgpu its
+   kind: a GPU model's average kept on the CPU, and the reverse) */
+static int lerp_run(int tgpu, int sgpu, int two, float *out) {
+    dtr_context *ctx = make_ctx(tgpu), *sctx = two ? make_ctx(sgpu) : ctx;
     tnet a, b;
     int ok;
     memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
-    ok = ctx && net_make(ctx, &a) && dtr_model_create(ctx, 99, &b.m) == DTR_OK &&
+    ok = ctx && sctx && net_make(ctx, &a) && dtr_model_create(sctx, 99, &b.m) == DTR_OK &&
          dtr_linear_layer_init(&b.l1, b.m, "l1", IN, HID, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
          dtr_linear_layer_init(&b.l2, b.m, "l2", HID, OUT, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK;
     ok = ok && dtr_model_lerp(a.m, b.m, 0.3f) == DTR_OK && net_read(&a, out);
-    if (!ok && ctx) fprintf(stderr, "  (%s: %s)\n", gpu ? "device" : "cpu", dtr_context_last_error(ctx));
+    if (!ok && ctx) fprintf(stderr, "  (%s: %s)\n", tgpu ? "device" : "cpu", dtr_context_last_error(ctx));
     dtr_model_destroy(a.m);
     dtr_model_destroy(b.m);
+    if (sctx != ctx) dtr_context_destroy(sctx);
     dtr_context_destroy(ctx);
     return ok;
 }
 
 static void test_model_lerp(void) {
-    float cpu[IN * HID + HID + HID * OUT + OUT], dev[IN * HID + HID + HID * OUT + OUT];
-    CHECK(lerp_run(0, cpu) && lerp_run(1, dev));
+    enum { N = IN * HID + HID + HID * OUT + OUT };
+    float cpu[N], dev[N];
+    int t, s;
+    CHECK(lerp_run(0, 0, 0, cpu) && lerp_run(1, 1, 0, dev));
     CHECK(memcmp(cpu, dev, sizeof cpu) == 0);   /* a product and a sum per element: the same bits */
+    for (t = 0; t < 2; t++)   /* across two contexts: host to device, device to host, device to device */
+        for (s = 0; s < 2; s++) {
+            memset(dev, 0, sizeof dev);
+            CHECK_MSG(lerp_run(t, s, 1, dev) && memcmp(cpu, dev, sizeof cpu) == 0, "target on the %s, source on another %s context",
+                      t ? "device" : "CPU", s ? "device" : "CPU");
+        }
 }
 
 static void test_save_load(void) {
