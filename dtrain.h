@@ -13671,13 +13671,14 @@ typedef struct dtr__conv_geom {
     int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
 
-static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float *gx) {
-    int64_t c, ki, kj, oi, oj;
+/* gx += col2im(col) for the output rows [r0, r1): col holds their columns, (C KH KW, (r1 - r0) Wo) */
+static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+    int64_t c, ki, kj, oi, oj, pb = (r1 - r0) * g->Wo;
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                for (oi = 0; oi < g->Ho; oi++) {
+                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
+                for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     if (ii < 0 || ii >= g->H) continue;
                     for (oj = 0; oj < g->Wo; oj++) {
@@ -13761,15 +13762,15 @@ static const int64_t *dtr__conv_valid_table(const dtr__conv_geom *g, int64_t *vc
     return vc;
 }
 
-static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
-    int64_t c, ki, kj, oi, j0, j1;
-    if (g->SW != 1) { dtr__col2im_add_ref(g, col, gx); return; }
+static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+    int64_t c, ki, kj, oi, j0, j1, pb = (r1 - r0) * g->Wo;
+    if (g->SW != 1) { dtr__col2im_add_ref(g, col, r0, r1, gx); return; }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
+                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
                 dtr__conv_valid_cols(g, kj, &j0, &j1);
-                for (oi = 0; oi < g->Ho; oi++) {
+                for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     const float *r = row + oi * g->Wo + j0;
                     float *d;
@@ -14241,22 +14242,36 @@ static dtr_result dtr__conv_run_w(dtr_context *ctx, dtr__conv_job *j) {
     return DTR_OK;
 }
 
-/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
+/* The output rows of one band of the input's gradient: its columns (C KH KW floats a pixel)
+   take about DTR__CONV_BAND floats, at least one row. */
+#define DTR__CONV_BAND ((int64_t)1 << 18)
+static int64_t dtr__conv_band_rows(const dtr__conv_geom *g) {
+    int64_t r = DTR__CONV_BAND / (g->C * g->KH * g->KW * g->Wo);
+    return r < 1 ? 1 : r > g->Ho ? g->Ho : r;
+}
+
+/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol,
+ * for a band of output rows at a time. The bands go from the last rows up: an input element
+ * takes its taps' shares in the tap order (kernel row ki, then column kj) whole-image col2im
+ * adds them in, since a later kernel row reaches it from an earlier output row. */
 static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, q;
-    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * P;
-    for (n = b; n < e; n++) {
-        for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, P) = W[q]^T (ckk, og) gy[q] (og, P) */
-            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, j->w + q * og * ckk, 1, ckk, j->gprod + (n * g->O + q * og) * P, P, 1,
-                         0.0f, gcol + q * ckk * P, P);
-        dtr__col2im_add(g, gcol, j->gimg + n * g->C * g->H * g->W);
-    }
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, rows = dtr__conv_band_rows(g), n, q, r0, r1, pb;
+    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * rows * g->Wo;
+    for (n = b; n < e; n++)
+        for (r1 = g->Ho; r1 > 0; r1 = r0) {
+            r0 = r1 > rows ? r1 - rows : 0, pb = (r1 - r0) * g->Wo;
+            for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, pb) = W[q]^T (ckk, og) gy[q] (og, the band's pb of P) */
+                dtr__gemm_on(j->pool, worker, ckk, pb, og, 1.0f, j->w + q * og * ckk, 1, ckk,
+                             j->gprod + (n * g->O + q * og) * P + r0 * g->Wo, P, 1, 0.0f, gcol + q * ckk * pb, pb);
+            dtr__col2im_add(g, gcol, r0, r1, j->gimg + n * g->C * g->H * g->W);
+        }
 }
 
 static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
-    if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo)))) return ctx->status;
+    if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * dtr__conv_band_rows(&j->g) * j->g.Wo))))
+        return ctx->status;
     dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
     return DTR_OK;
 }
@@ -14626,7 +14641,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14630 "dtrain.h"
+#line 14645 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14888,7 +14903,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14892 "dtrain.h"
+#line 14907 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15289,7 +15304,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15293 "dtrain.h"
+#line 15308 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15435,7 +15450,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15439 "dtrain.h"
+#line 15454 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16347,7 +16362,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16351 "dtrain.h"
+#line 16366 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16813,7 +16828,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16817 "dtrain.h"
+#line 16832 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17089,7 +17104,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17093 "dtrain.h"
+#line 17108 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17326,7 +17341,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17330 "dtrain.h"
+#line 17345 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17619,7 +17634,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17623 "dtrain.h"
+#line 17638 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18608,7 +18623,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18612 "dtrain.h"
+#line 18627 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18746,7 +18761,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18750 "dtrain.h"
+#line 18765 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19093,7 +19108,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19097 "dtrain.h"
+#line 19112 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19159,7 +19174,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19163 "dtrain.h"
+#line 19178 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19396,7 +19411,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19400 "dtrain.h"
+#line 19415 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20145,7 +20160,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20149 "dtrain.h"
+#line 20164 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20598,7 +20613,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20602 "dtrain.h"
+#line 20617 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20654,7 +20669,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20658 "dtrain.h"
+#line 20673 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21496,7 +21511,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21500 "dtrain.h"
+#line 21515 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22077,7 +22092,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22081 "dtrain.h"
+#line 22096 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22708,7 +22723,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22712 "dtrain.h"
+#line 22727 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23504,7 +23519,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23508 "dtrain.h"
+#line 23523 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23857,7 +23872,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23861 "dtrain.h"
+#line 23876 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24047,7 +24062,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24051 "dtrain.h"
+#line 24066 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24228,7 +24243,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24232 "dtrain.h"
+#line 24247 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -25003,7 +25018,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 25007 "dtrain.h"
+#line 25022 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25520,7 +25535,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25524 "dtrain.h"
+#line 25539 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26315,7 +26330,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26319 "dtrain.h"
+#line 26334 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27563,7 +27578,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27567 "dtrain.h"
+#line 27582 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28185,7 +28200,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28189 "dtrain.h"
+#line 28204 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28686,7 +28701,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28690 "dtrain.h"
+#line 28705 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29416,7 +29431,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29420 "dtrain.h"
+#line 29435 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29652,7 +29667,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29656 "dtrain.h"
+#line 29671 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29781,7 +29796,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29785 "dtrain.h"
+#line 29800 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30231,7 +30246,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30235 "dtrain.h"
+#line 30250 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30724,7 +30739,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30728 "dtrain.h"
+#line 30743 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31354,7 +31369,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31358 "dtrain.h"
+#line 31373 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31860,7 +31875,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31864 "dtrain.h"
+#line 31879 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33412,7 +33427,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33416 "dtrain.h"
+#line 33431 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33466,7 +33481,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33470 "dtrain.h"
+#line 33485 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34670,7 +34685,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34674 "dtrain.h"
+#line 34689 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35574,7 +35589,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35578 "dtrain.h"
+#line 35593 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37052,7 +37067,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37056 "dtrain.h"
+#line 37071 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37445,7 +37460,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37449 "dtrain.h"
+#line 37464 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37594,7 +37609,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37598 "dtrain.h"
+#line 37613 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

@@ -45,6 +45,9 @@
  *                         output, B zero), a base file loaded with "*lora_" optional (without:
  *                         DTR_NOT_FOUND), the adapter alone saved (dtr_save_config.only: two
  *                         tensors) and read back with "*" optional, and the errors.
+ *   test_conv_bands       the input's gradient made a band of output rows at a time (three bands;
+ *                         stride 1 and 2) against direct loops in double, the same bits on 1
+ *                         and 2 threads
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -743,6 +746,61 @@ static const double k_ct_gw[9] = {0.903820449, -4.43931923, 6.88560176, 0.324651
                                   -1.95300154, 4.02117023};
 static const double k_ct_gb[6] = {-1.73046409, -3.03263104, 1.40321033, 3.18405265, -1.05961653, -3.29839676};
 
+/* The input's gradient of a convolution large enough that it is made a band of output rows
+ * at a time (32 channels, 3x3, 48x48: three bands; stride 2 and 4 x 4 for the strided loops),
+ * against direct loops in double: dx[c, ih, iw] = sum over o, ki, kj of w[o, c, ki, kj] dy[o, oh, ow]
+ * where oh s - p + ki = ih; every element within 1e-5, and the same bits on 1 and 2 threads. */
+static void conv_bands_once(int stride, int k, int threads, float *gx_out) {
+    enum { N = 2, C = 32, O = 16, H = 48, W = 48 };
+    static float xv[N * C * H * W], wv[O * C * 16], gy[N * O * H * W];
+    dtr_context *ctx = test_ctx(threads);
+    dtr_conv_config cf = dtr_conv_config_init();
+    int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, k, k}, i, ny, Ho;
+    dtr_tensor *x, *w, *y;
+    cf.stride[0] = cf.stride[1] = stride, cf.padding[0] = cf.padding[1] = 1;
+    for (i = 0; i < N * C * H * W; i++) xv[i] = (float)sin(0.37 * (double)i);
+    for (i = 0; i < O * C * k * k; i++) wv[i] = (float)(0.1 * cos(0.53 * (double)i));
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 4, xs, xv));
+    w = dtr_tensor_from(ctx, DTR_F32, 4, ws, wv);
+    y = dtr_conv2d_ex(ctx, x, w, NULL, &cf);
+    CHECK(y != NULL);
+    if (!y) { dtr_context_destroy(ctx); return; }
+    ny = dtr_tensor_numel(y), Ho = dtr_tensor_dim(y, 2);
+    for (i = 0; i < ny; i++) gy[i] = (float)cos(0.11 * (double)i);
+    CHECK_OK(ctx, dtr_backward_from(ctx, y, gy));
+    CHECK_OK(ctx, dtr_tensor_read_grad(x, gx_out, N * C * H * W));
+    if (threads == 1) {   /* the reference, once */
+        double worst = 0.0;
+        int64_t n, c, ih, iw, o, ki, kj;
+        for (n = 0; n < N; n++)
+            for (c = 0; c < C; c++)
+                for (ih = 0; ih < H; ih++)
+                    for (iw = 0; iw < W; iw++) {
+                        double s = 0.0;
+                        for (o = 0; o < O; o++)
+                            for (ki = 0; ki < k; ki++)
+                                for (kj = 0; kj < k; kj++) {
+                                    int64_t a = ih + 1 - ki, b = iw + 1 - kj;
+                                    if (a < 0 || b < 0 || a % stride || b % stride || a / stride >= Ho || b / stride >= Ho) continue;
+                                    s += (double)wv[((o * C + c) * k + ki) * k + kj] * gy[((n * O + o) * Ho + a / stride) * Ho + b / stride];
+                                }
+                        worst = fmax(worst, fabs(s - gx_out[((n * C + c) * H + ih) * W + iw]) / (1.0 + fabs(s)));
+                    }
+        CHECK_MSG(worst <= 1e-5, "conv bands (stride %d, %dx%d): input gradient off by %g", stride, k, k, worst);
+    }
+    dtr_context_destroy(ctx);
+}
+
+static void test_conv_bands(void) {
+    static float a[2 * 32 * 48 * 48], b[2 * 32 * 48 * 48];
+    int s;
+    for (s = 1; s <= 2; s++) {
+        conv_bands_once(s, s == 1 ? 3 : 4, 1, a);
+        conv_bands_once(s, s == 1 ? 3 : 4, 2, b);
+        CHECK_MSG(memcmp(a, b, sizeof a) == 0, "conv bands (stride %d): 1 and 2 threads differ", s);
+    }
+}
+
 /* y = the layer's forward of x (n values from xs), then backward of sum(y R) */
 static dtr_tensor *conv_step(dtr_context *ctx, const void *layer, int one_d, int nd, const int64_t *shape, const float *xs,
                              dtr_tensor **x, int sine) {
@@ -1220,6 +1278,7 @@ int main(void) {
     RUN(test_batch_norm_torch);
     RUN(test_buffers);
     RUN(test_conv_torch);
+    RUN(test_conv_bands);
     RUN(test_model_lerp);
     RUN(test_lora);
     RUN(test_layer_errors);

@@ -21,13 +21,14 @@ typedef struct dtr__conv_geom {
     int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
 
-static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float *gx) {
-    int64_t c, ki, kj, oi, oj;
+/* gx += col2im(col) for the output rows [r0, r1): col holds their columns, (C KH KW, (r1 - r0) Wo) */
+static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+    int64_t c, ki, kj, oi, oj, pb = (r1 - r0) * g->Wo;
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
-                for (oi = 0; oi < g->Ho; oi++) {
+                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
+                for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     if (ii < 0 || ii >= g->H) continue;
                     for (oj = 0; oj < g->Wo; oj++) {
@@ -111,15 +112,15 @@ static const int64_t *dtr__conv_valid_table(const dtr__conv_geom *g, int64_t *vc
     return vc;
 }
 
-static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
-    int64_t c, ki, kj, oi, j0, j1;
-    if (g->SW != 1) { dtr__col2im_add_ref(g, col, gx); return; }
+static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+    int64_t c, ki, kj, oi, j0, j1, pb = (r1 - r0) * g->Wo;
+    if (g->SW != 1) { dtr__col2im_add_ref(g, col, r0, r1, gx); return; }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
+                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
                 dtr__conv_valid_cols(g, kj, &j0, &j1);
-                for (oi = 0; oi < g->Ho; oi++) {
+                for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     const float *r = row + oi * g->Wo + j0;
                     float *d;
@@ -591,22 +592,36 @@ static dtr_result dtr__conv_run_w(dtr_context *ctx, dtr__conv_job *j) {
     return DTR_OK;
 }
 
-/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol. */
+/* The output rows of one band of the input's gradient: its columns (C KH KW floats a pixel)
+   take about DTR__CONV_BAND floats, at least one row. */
+#define DTR__CONV_BAND ((int64_t)1 << 18)
+static int64_t dtr__conv_band_rows(const dtr__conv_geom *g) {
+    int64_t r = DTR__CONV_BAND / (g->C * g->KH * g->KW * g->Wo);
+    return r < 1 ? 1 : r > g->Ho ? g->Ho : r;
+}
+
+/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol,
+ * for a band of output rows at a time. The bands go from the last rows up: an input element
+ * takes its taps' shares in the tap order (kernel row ki, then column kj) whole-image col2im
+ * adds them in, since a later kernel row reaches it from an earlier output row. */
 static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, q;
-    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * P;
-    for (n = b; n < e; n++) {
-        for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, P) = W[q]^T (ckk, og) gy[q] (og, P) */
-            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, j->w + q * og * ckk, 1, ckk, j->gprod + (n * g->O + q * og) * P, P, 1,
-                         0.0f, gcol + q * ckk * P, P);
-        dtr__col2im_add(g, gcol, j->gimg + n * g->C * g->H * g->W);
-    }
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, rows = dtr__conv_band_rows(g), n, q, r0, r1, pb;
+    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * rows * g->Wo;
+    for (n = b; n < e; n++)
+        for (r1 = g->Ho; r1 > 0; r1 = r0) {
+            r0 = r1 > rows ? r1 - rows : 0, pb = (r1 - r0) * g->Wo;
+            for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, pb) = W[q]^T (ckk, og) gy[q] (og, the band's pb of P) */
+                dtr__gemm_on(j->pool, worker, ckk, pb, og, 1.0f, j->w + q * og * ckk, 1, ckk,
+                             j->gprod + (n * g->O + q * og) * P + r0 * g->Wo, P, 1, 0.0f, gcol + q * ckk * pb, pb);
+            dtr__col2im_add(g, gcol, r0, r1, j->gimg + n * g->C * g->H * g->W);
+        }
 }
 
 static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
-    if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * j->g.Ho * j->g.Wo)))) return ctx->status;
+    if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * dtr__conv_band_rows(&j->g) * j->g.Wo))))
+        return ctx->status;
     dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
     return DTR_OK;
 }
