@@ -13671,13 +13671,15 @@ typedef struct dtr__conv_geom {
     int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
 
-/* gx += col2im(col) for the output rows [r0, r1): col holds their columns, (C KH KW, (r1 - r0) Wo) */
-static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+/* gx += col2im(col) for channels [c0, c1) and output rows [r0, r1): col holds their columns,
+   ((c1 - c0) KH KW, (r1 - r0) Wo) */
+static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, int64_t c0, int64_t c1, int64_t r0, int64_t r1,
+                                float *gx) {
     int64_t c, ki, kj, oi, oj, pb = (r1 - r0) * g->Wo;
-    for (c = 0; c < g->C; c++)
+    for (c = c0; c < c1; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
+                const float *row = col + (((c - c0) * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
                 for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     if (ii < 0 || ii >= g->H) continue;
@@ -13762,13 +13764,13 @@ static const int64_t *dtr__conv_valid_table(const dtr__conv_geom *g, int64_t *vc
     return vc;
 }
 
-static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, int64_t c0, int64_t c1, int64_t r0, int64_t r1, float *gx) {
     int64_t c, ki, kj, oi, j0, j1, pb = (r1 - r0) * g->Wo;
-    if (g->SW != 1) { dtr__col2im_add_ref(g, col, r0, r1, gx); return; }
-    for (c = 0; c < g->C; c++)
+    if (g->SW != 1) { dtr__col2im_add_ref(g, col, c0, c1, r0, r1, gx); return; }
+    for (c = c0; c < c1; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
+                const float *row = col + (((c - c0) * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
                 dtr__conv_valid_cols(g, kj, &j0, &j1);
                 for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
@@ -13969,6 +13971,7 @@ typedef struct {
     float *gcol;           /* per-worker column buffers of the W^T products */
     float *gw, *gb;        /* gb: the product side's per-channel sums of gprod */
     int split_cols;        /* dW split over columns (1) or output channels (0) */
+    int64_t pieces;        /* forward and col2im: the pieces of a sample (dtr__conv_pieces) */
 } dtr__conv_job;
 
 /* y[0..n) = v; 8 at a time from a local array (vector stores without -O3). */
@@ -13986,6 +13989,7 @@ static void dtr__conv_fill(float *y, int64_t n, float v) {
 typedef struct dtr__conv_cols {
     const dtr__conv_geom *g;
     const float *img;      /* the group's first channel of the sample's image */
+    int64_t j_off;         /* forward: the pixel of the product's column 0 */
     int64_t t0;            /* transposed: the first tap */
     float *tmp;            /* transposed: room for 32 taps of DTR__GEMM_MAX_KC pixels */
 } dtr__conv_cols;
@@ -13996,7 +14000,7 @@ typedef struct dtr__conv_cols {
 DTR__SIMD_BODY void dtr__conv_gen_body(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
     const dtr__conv_geom *g = u->g;
-    int64_t vcs[32], k, p, c, oi0 = j0 / g->Wo, oj0 = j0 % g->Wo;
+    int64_t vcs[32], k, p, c, oi0 = (j0 + u->j_off) / g->Wo, oj0 = (j0 + u->j_off) % g->Wo;
     const int64_t *vc = dtr__conv_valid_table(g, vcs, 16);
     dtr__conv_tapk t;
     for (k = 0, dtr__conv_tap_of(g, k0, &t); k < kb; k++, dtr__conv_tap_next(g, &t, vc)) {
@@ -14045,24 +14049,51 @@ DTR__TARGET_AVX2 static void dtr__conv_gen_t_avx2(void *u, int64_t k0, int64_t k
 #define DTR__CONV_GEN (dtr__simd_avx2() ? dtr__conv_gen_avx2 : dtr__conv_gen)
 #define DTR__CONV_GEN_T (dtr__simd_avx2() ? dtr__conv_gen_t_avx2 : dtr__conv_gen_t)
 
-/* prod = W col, per sample, the columns made as the GEMM packs them */
+/* The pieces each sample's work splits into: 1, or with fewer samples than workers (one
+   large image, a robot's frame) enough that every worker has one, of at least `least` items
+   of the `items` the split goes over (pixels, channels). */
+static int64_t dtr__conv_pieces(const dtr__conv_job *j, int64_t items, int64_t least) {
+    int64_t t = dtr__pool_threads(j->pool), s;
+    if (j->g.N >= t) return 1;
+    s = (t + j->g.N - 1) / j->g.N;
+    if (s > items / least) s = items / least;
+    return s < 1 ? 1 : s;
+}
+
+/* [*a, *b): piece s of `pieces` over n items, its ends multiples of `align` (but the last) */
+static void dtr__conv_piece(int64_t n, int64_t pieces, int64_t s, int64_t align, int64_t *a, int64_t *b) {
+    *a = n * s / pieces / align * align;
+    *b = s + 1 == pieces ? n : n * (s + 1) / pieces / align * align;
+}
+
+/* prod = W col, per sample (or per slab of a sample's pixels: j->pieces), the columns made as
+   the GEMM packs them; a slab of columns is a slab of the product, the same bits */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, x, o, q, p0, p1;
     dtr__conv_cols u;
     memset(&u, 0, sizeof u);
     u.g = g;
-    for (n = b; n < e; n++) {
+    for (x = b; x < e; x++) {
+        int64_t n = x / j->pieces;
         float *y = j->prod + n * g->O * P;
+        dtr__conv_piece(P, j->pieces, x % j->pieces, 32, &p0, &p1);
+        u.j_off = p0;
         if (!j->accumulate)
-            for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
-        for (q = 0; q < g->G; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
+            for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P + p0, p1 - p0, j->bias ? j->bias[o] : 0.0f);
+        for (q = 0; q < g->G && p1 > p0; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
             u.img = j->img + (n * g->C + q * (g->C / g->G)) * g->H * g->W;
-            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, DTR__CONV_GEN, &u, 1.0f,
-                             y + q * og * P, P);
+            dtr__gemm_on_gen(j->pool, worker, og, p1 - p0, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, DTR__CONV_GEN, &u, 1.0f,
+                             y + q * og * P + p0, P);
         }
     }
+}
+
+/* the forward over the pool: samples, or slabs of at least 64 of their pixels */
+static void dtr__conv_run_fwd(dtr_context *ctx, dtr__conv_job *j) {
+    j->pieces = dtr__conv_pieces(j, j->g.Ho * j->g.Wo, 64);
+    dtr__pool_run(ctx->pool, j->g.N * j->pieces, 1, dtr__conv_fwd_range, j);
 }
 
 static void dtr__conv_job_of(dtr_context *ctx, const dtr__node *nd, dtr__conv_job *j) {
@@ -14187,7 +14218,7 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, DTR__DW_PLANES, &j);
         return DTR_OK;
     }
-    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    dtr__conv_run_fwd(ctx, &j);
     return DTR_OK;
 }
 
@@ -14250,29 +14281,44 @@ static int64_t dtr__conv_band_rows(const dtr__conv_geom *g) {
     return r < 1 ? 1 : r > g->Ho ? g->Ho : r;
 }
 
-/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol,
- * for a band of output rows at a time. The bands go from the last rows up: an input element
- * takes its taps' shares in the tap order (kernel row ki, then column kj) whole-image col2im
- * adds them in, since a later kernel row reaches it from an earlier output row. */
+/* gimg += col2im(W^T gprod) for sample n's channels [c0, c1) and output rows [r0, r1): their
+   columns (rows of W^T, a group's at a time) into gcol, then added in */
+static void dtr__conv_bwd_x_band(const dtr__conv_job *j, int worker, int64_t n, int64_t c0, int64_t c1, int64_t r0, int64_t r1,
+                                 float *gcol) {
+    const dtr__conv_geom *g = &j->g;
+    int64_t kk = g->KH * g->KW, cg = g->C / g->G, og = g->O / g->G, P = g->Ho * g->Wo, pb = (r1 - r0) * g->Wo, c, q, e;
+    for (c = c0; c < c1; c = e) {   /* gcol[c - c0] (rows, pb) = W[q]^T's rows of c .. e (rows, og) gy[q] (og, the band) */
+        q = c / cg, e = (q + 1) * cg < c1 ? (q + 1) * cg : c1;
+        dtr__gemm_on(j->pool, worker, (e - c) * kk, pb, og, 1.0f, j->w + q * og * cg * kk + (c - q * cg) * kk, 1, cg * kk,
+                     j->gprod + (n * g->O + q * og) * P + r0 * g->Wo, P, 1, 0.0f, gcol + (c - c0) * kk * pb, pb);
+    }
+    dtr__col2im_add(g, gcol, c0, c1, r0, r1, j->gimg + n * g->C * g->H * g->W);
+}
+
+/* gimg += col2im(W^T gprod), split over samples (or slabs of a sample's channels: j->pieces);
+ * each worker has its own buffer in j->gcol, for a band of output rows at a time. The bands go
+ * from the last rows up: an input element takes its taps' shares in the tap order (kernel row
+ * ki, then column kj) whole-image col2im adds them in, since a later kernel row reaches it from
+ * an earlier output row. Slabs of channels write disjoint planes, their rows of W^T the same bits. */
 static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, rows = dtr__conv_band_rows(g), n, q, r0, r1, pb;
-    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * rows * g->Wo;
-    for (n = b; n < e; n++)
-        for (r1 = g->Ho; r1 > 0; r1 = r0) {
-            r0 = r1 > rows ? r1 - rows : 0, pb = (r1 - r0) * g->Wo;
-            for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, pb) = W[q]^T (ckk, og) gy[q] (og, the band's pb of P) */
-                dtr__gemm_on(j->pool, worker, ckk, pb, og, 1.0f, j->w + q * og * ckk, 1, ckk,
-                             j->gprod + (n * g->O + q * og) * P + r0 * g->Wo, P, 1, 0.0f, gcol + q * ckk * pb, pb);
-            dtr__col2im_add(g, gcol, r0, r1, j->gimg + n * g->C * g->H * g->W);
+    int64_t rows = dtr__conv_band_rows(g), x, c0, c1, r0, r1;
+    float *gcol = j->gcol + (int64_t)worker * g->C * g->KH * g->KW * rows * g->Wo;
+    for (x = b; x < e; x++) {
+        dtr__conv_piece(g->C, j->pieces, x % j->pieces, 1, &c0, &c1);
+        for (r1 = g->Ho; r1 > 0 && c1 > c0; r1 = r0) {
+            r0 = r1 > rows ? r1 - rows : 0;
+            dtr__conv_bwd_x_band(j, worker, x / j->pieces, c0, c1, r0, r1, gcol);
         }
+    }
 }
 
 static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
     if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * dtr__conv_band_rows(&j->g) * j->g.Wo))))
         return ctx->status;
-    dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
+    j->pieces = dtr__conv_pieces(j, j->g.C, 4);
+    dtr__pool_run(ctx->pool, j->g.N * j->pieces, 1, dtr__conv_bwd_x_range, j);
     return DTR_OK;
 }
 
@@ -14336,7 +14382,7 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
     j.gb = NULL;
     j.prod = dtr__gradof(nd->in[0]);
     j.accumulate = 1;
-    if (j.prod) dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    if (j.prod) dtr__conv_run_fwd(ctx, &j);
     if (!j.gw) return DTR_OK;
     j.gprod = dtr__f32(nd->in[0]);
     return dtr__conv_run_w(ctx, &j);
@@ -14641,7 +14687,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14645 "dtrain.h"
+#line 14691 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -14903,7 +14949,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 14907 "dtrain.h"
+#line 14953 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15304,7 +15350,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15308 "dtrain.h"
+#line 15354 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15450,7 +15496,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15454 "dtrain.h"
+#line 15500 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16362,7 +16408,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16366 "dtrain.h"
+#line 16412 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16828,7 +16874,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16832 "dtrain.h"
+#line 16878 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17104,7 +17150,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17108 "dtrain.h"
+#line 17154 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17341,7 +17387,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17345 "dtrain.h"
+#line 17391 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17634,7 +17680,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17638 "dtrain.h"
+#line 17684 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18623,7 +18669,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18627 "dtrain.h"
+#line 18673 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18761,7 +18807,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18765 "dtrain.h"
+#line 18811 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19108,7 +19154,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19112 "dtrain.h"
+#line 19158 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19174,7 +19220,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19178 "dtrain.h"
+#line 19224 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19411,7 +19457,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19415 "dtrain.h"
+#line 19461 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20160,7 +20206,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20164 "dtrain.h"
+#line 20210 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20613,7 +20659,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20617 "dtrain.h"
+#line 20663 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20669,7 +20715,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20673 "dtrain.h"
+#line 20719 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21511,7 +21557,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21515 "dtrain.h"
+#line 21561 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22092,7 +22138,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22096 "dtrain.h"
+#line 22142 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22723,7 +22769,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22727 "dtrain.h"
+#line 22773 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23519,7 +23565,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23523 "dtrain.h"
+#line 23569 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23872,7 +23918,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23876 "dtrain.h"
+#line 23922 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24062,7 +24108,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24066 "dtrain.h"
+#line 24112 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24243,7 +24289,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24247 "dtrain.h"
+#line 24293 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -25018,7 +25064,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 25022 "dtrain.h"
+#line 25068 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25535,7 +25581,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25539 "dtrain.h"
+#line 25585 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26330,7 +26376,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26334 "dtrain.h"
+#line 26380 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27578,7 +27624,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27582 "dtrain.h"
+#line 27628 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28200,7 +28246,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28204 "dtrain.h"
+#line 28250 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28701,7 +28747,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28705 "dtrain.h"
+#line 28751 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29431,7 +29477,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29435 "dtrain.h"
+#line 29481 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29667,7 +29713,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29671 "dtrain.h"
+#line 29717 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29796,7 +29842,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29800 "dtrain.h"
+#line 29846 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30246,7 +30292,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30250 "dtrain.h"
+#line 30296 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30739,7 +30785,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30743 "dtrain.h"
+#line 30789 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31369,7 +31415,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31373 "dtrain.h"
+#line 31419 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31875,7 +31921,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31879 "dtrain.h"
+#line 31925 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33427,7 +33473,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33431 "dtrain.h"
+#line 33477 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33481,7 +33527,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33485 "dtrain.h"
+#line 33531 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34685,7 +34731,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34689 "dtrain.h"
+#line 34735 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35589,7 +35635,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35593 "dtrain.h"
+#line 35639 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37067,7 +37113,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37071 "dtrain.h"
+#line 37117 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37460,7 +37506,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37464 "dtrain.h"
+#line 37510 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37609,7 +37655,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37613 "dtrain.h"
+#line 37659 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

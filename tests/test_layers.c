@@ -46,8 +46,8 @@
  *                         DTR_NOT_FOUND), the adapter alone saved (dtr_save_config.only: two
  *                         tensors) and read back with "*" optional, and the errors.
  *   test_conv_bands       the input's gradient made a band of output rows at a time (three bands;
- *                         stride 1 and 2) against direct loops in double, the same bits on 1
- *                         and 2 threads
+ *                         stride 1 and 2) against direct loops in double, the same bits on 1, 2
+ *                         and 5 threads (more threads than samples: slabs of pixels, channels)
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -746,7 +746,7 @@ static const double k_ct_gw[9] = {0.903820449, -4.43931923, 6.88560176, 0.324651
                                   -1.95300154, 4.02117023};
 static const double k_ct_gb[6] = {-1.73046409, -3.03263104, 1.40321033, 3.18405265, -1.05961653, -3.29839676};
 
-/* The input's gradient of a convolution large enough that it is made a band of output rows
+/* The input's gradient (and, after it in gx_out, the output) of a convolution large enough that it is made a band of output rows
  * at a time (32 channels, 3x3, 48x48: three bands; stride 2 and 4 x 4 for the strided loops),
  * against direct loops in double: dx[c, ih, iw] = sum over o, ki, kj of w[o, c, ki, kj] dy[o, oh, ow]
  * where oh s - p + ki = ih; every element within 1e-5, and the same bits on 1 and 2 threads. */
@@ -769,6 +769,7 @@ static void conv_bands_once(int stride, int k, int threads, float *gx_out) {
     for (i = 0; i < ny; i++) gy[i] = (float)cos(0.11 * (double)i);
     CHECK_OK(ctx, dtr_backward_from(ctx, y, gy));
     CHECK_OK(ctx, dtr_tensor_read_grad(x, gx_out, N * C * H * W));
+    CHECK_OK(ctx, dtr_tensor_read(y, DTR_F32, gx_out + N * C * H * W, (size_t)ny));   /* the forward's too (after it) */
     if (threads == 1) {   /* the reference, once */
         double worst = 0.0;
         int64_t n, c, ih, iw, o, ki, kj;
@@ -792,12 +793,14 @@ static void conv_bands_once(int stride, int k, int threads, float *gx_out) {
 }
 
 static void test_conv_bands(void) {
-    static float a[2 * 32 * 48 * 48], b[2 * 32 * 48 * 48];
-    int s;
+    static float a[2 * 32 * 48 * 48 + 2 * 16 * 48 * 48], b[2 * 32 * 48 * 48 + 2 * 16 * 48 * 48];
+    int s, t;
     for (s = 1; s <= 2; s++) {
         conv_bands_once(s, s == 1 ? 3 : 4, 1, a);
-        conv_bands_once(s, s == 1 ? 3 : 4, 2, b);
-        CHECK_MSG(memcmp(a, b, sizeof a) == 0, "conv bands (stride %d): 1 and 2 threads differ", s);
+        for (t = 2; t <= 5; t += 3) {   /* 5 threads for 2 samples: each split in slabs of pixels and channels */
+            conv_bands_once(s, s == 1 ? 3 : 4, t, b);
+            CHECK_MSG(memcmp(a, b, sizeof a) == 0, "conv bands (stride %d): 1 and %d threads differ", s, t);
+        }
     }
 }
 

@@ -21,13 +21,15 @@ typedef struct dtr__conv_geom {
     int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
 
-/* gx += col2im(col) for the output rows [r0, r1): col holds their columns, (C KH KW, (r1 - r0) Wo) */
-static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+/* gx += col2im(col) for channels [c0, c1) and output rows [r0, r1): col holds their columns,
+   ((c1 - c0) KH KW, (r1 - r0) Wo) */
+static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, int64_t c0, int64_t c1, int64_t r0, int64_t r1,
+                                float *gx) {
     int64_t c, ki, kj, oi, oj, pb = (r1 - r0) * g->Wo;
-    for (c = 0; c < g->C; c++)
+    for (c = c0; c < c1; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
+                const float *row = col + (((c - c0) * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
                 for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     if (ii < 0 || ii >= g->H) continue;
@@ -112,13 +114,13 @@ static const int64_t *dtr__conv_valid_table(const dtr__conv_geom *g, int64_t *vc
     return vc;
 }
 
-static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, int64_t r0, int64_t r1, float *gx) {
+static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, int64_t c0, int64_t c1, int64_t r0, int64_t r1, float *gx) {
     int64_t c, ki, kj, oi, j0, j1, pb = (r1 - r0) * g->Wo;
-    if (g->SW != 1) { dtr__col2im_add_ref(g, col, r0, r1, gx); return; }
-    for (c = 0; c < g->C; c++)
+    if (g->SW != 1) { dtr__col2im_add_ref(g, col, c0, c1, r0, r1, gx); return; }
+    for (c = c0; c < c1; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
-                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
+                const float *row = col + (((c - c0) * g->KH + ki) * g->KW + kj) * pb - r0 * g->Wo;
                 dtr__conv_valid_cols(g, kj, &j0, &j1);
                 for (oi = r0; oi < r1; oi++) {
                     int64_t ii = oi * g->SH - g->PH + ki * g->DH;
@@ -319,6 +321,7 @@ typedef struct {
     float *gcol;           /* per-worker column buffers of the W^T products */
     float *gw, *gb;        /* gb: the product side's per-channel sums of gprod */
     int split_cols;        /* dW split over columns (1) or output channels (0) */
+    int64_t pieces;        /* forward and col2im: the pieces of a sample (dtr__conv_pieces) */
 } dtr__conv_job;
 
 /* y[0..n) = v; 8 at a time from a local array (vector stores without -O3). */
@@ -336,6 +339,7 @@ static void dtr__conv_fill(float *y, int64_t n, float v) {
 typedef struct dtr__conv_cols {
     const dtr__conv_geom *g;
     const float *img;      /* the group's first channel of the sample's image */
+    int64_t j_off;         /* forward: the pixel of the product's column 0 */
     int64_t t0;            /* transposed: the first tap */
     float *tmp;            /* transposed: room for 32 taps of DTR__GEMM_MAX_KC pixels */
 } dtr__conv_cols;
@@ -346,7 +350,7 @@ typedef struct dtr__conv_cols {
 DTR__SIMD_BODY void dtr__conv_gen_body(void *user, int64_t k0, int64_t kb, int64_t j0, int64_t nb, int nr, float *dst) {
     const dtr__conv_cols *u = (const dtr__conv_cols *)user;
     const dtr__conv_geom *g = u->g;
-    int64_t vcs[32], k, p, c, oi0 = j0 / g->Wo, oj0 = j0 % g->Wo;
+    int64_t vcs[32], k, p, c, oi0 = (j0 + u->j_off) / g->Wo, oj0 = (j0 + u->j_off) % g->Wo;
     const int64_t *vc = dtr__conv_valid_table(g, vcs, 16);
     dtr__conv_tapk t;
     for (k = 0, dtr__conv_tap_of(g, k0, &t); k < kb; k++, dtr__conv_tap_next(g, &t, vc)) {
@@ -395,24 +399,51 @@ DTR__TARGET_AVX2 static void dtr__conv_gen_t_avx2(void *u, int64_t k0, int64_t k
 #define DTR__CONV_GEN (dtr__simd_avx2() ? dtr__conv_gen_avx2 : dtr__conv_gen)
 #define DTR__CONV_GEN_T (dtr__simd_avx2() ? dtr__conv_gen_t_avx2 : dtr__conv_gen_t)
 
-/* prod = W col, per sample, the columns made as the GEMM packs them */
+/* The pieces each sample's work splits into: 1, or with fewer samples than workers (one
+   large image, a robot's frame) enough that every worker has one, of at least `least` items
+   of the `items` the split goes over (pixels, channels). */
+static int64_t dtr__conv_pieces(const dtr__conv_job *j, int64_t items, int64_t least) {
+    int64_t t = dtr__pool_threads(j->pool), s;
+    if (j->g.N >= t) return 1;
+    s = (t + j->g.N - 1) / j->g.N;
+    if (s > items / least) s = items / least;
+    return s < 1 ? 1 : s;
+}
+
+/* [*a, *b): piece s of `pieces` over n items, its ends multiples of `align` (but the last) */
+static void dtr__conv_piece(int64_t n, int64_t pieces, int64_t s, int64_t align, int64_t *a, int64_t *b) {
+    *a = n * s / pieces / align * align;
+    *b = s + 1 == pieces ? n : n * (s + 1) / pieces / align * align;
+}
+
+/* prod = W col, per sample (or per slab of a sample's pixels: j->pieces), the columns made as
+   the GEMM packs them; a slab of columns is a slab of the product, the same bits */
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, x, o, q, p0, p1;
     dtr__conv_cols u;
     memset(&u, 0, sizeof u);
     u.g = g;
-    for (n = b; n < e; n++) {
+    for (x = b; x < e; x++) {
+        int64_t n = x / j->pieces;
         float *y = j->prod + n * g->O * P;
+        dtr__conv_piece(P, j->pieces, x % j->pieces, 32, &p0, &p1);
+        u.j_off = p0;
         if (!j->accumulate)
-            for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, j->bias ? j->bias[o] : 0.0f);
-        for (q = 0; q < g->G; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
+            for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P + p0, p1 - p0, j->bias ? j->bias[o] : 0.0f);
+        for (q = 0; q < g->G && p1 > p0; q++) {   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
             u.img = j->img + (n * g->C + q * (g->C / g->G)) * g->H * g->W;
-            dtr__gemm_on_gen(j->pool, worker, og, P, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, DTR__CONV_GEN, &u, 1.0f,
-                             y + q * og * P, P);
+            dtr__gemm_on_gen(j->pool, worker, og, p1 - p0, ckk, 1.0f, j->w + q * og * ckk, ckk, 1, DTR__CONV_GEN, &u, 1.0f,
+                             y + q * og * P + p0, P);
         }
     }
+}
+
+/* the forward over the pool: samples, or slabs of at least 64 of their pixels */
+static void dtr__conv_run_fwd(dtr_context *ctx, dtr__conv_job *j) {
+    j->pieces = dtr__conv_pieces(j, j->g.Ho * j->g.Wo, 64);
+    dtr__pool_run(ctx->pool, j->g.N * j->pieces, 1, dtr__conv_fwd_range, j);
 }
 
 static void dtr__conv_job_of(dtr_context *ctx, const dtr__node *nd, dtr__conv_job *j) {
@@ -537,7 +568,7 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__pool_run(ctx->pool, j.g.N * j.g.C, 1, DTR__DW_PLANES, &j);
         return DTR_OK;
     }
-    dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    dtr__conv_run_fwd(ctx, &j);
     return DTR_OK;
 }
 
@@ -600,29 +631,44 @@ static int64_t dtr__conv_band_rows(const dtr__conv_geom *g) {
     return r < 1 ? 1 : r > g->Ho ? g->Ho : r;
 }
 
-/* gimg += col2im(W^T gprod), split over samples; each worker has its own buffer in j->gcol,
- * for a band of output rows at a time. The bands go from the last rows up: an input element
- * takes its taps' shares in the tap order (kernel row ki, then column kj) whole-image col2im
- * adds them in, since a later kernel row reaches it from an earlier output row. */
+/* gimg += col2im(W^T gprod) for sample n's channels [c0, c1) and output rows [r0, r1): their
+   columns (rows of W^T, a group's at a time) into gcol, then added in */
+static void dtr__conv_bwd_x_band(const dtr__conv_job *j, int worker, int64_t n, int64_t c0, int64_t c1, int64_t r0, int64_t r1,
+                                 float *gcol) {
+    const dtr__conv_geom *g = &j->g;
+    int64_t kk = g->KH * g->KW, cg = g->C / g->G, og = g->O / g->G, P = g->Ho * g->Wo, pb = (r1 - r0) * g->Wo, c, q, e;
+    for (c = c0; c < c1; c = e) {   /* gcol[c - c0] (rows, pb) = W[q]^T's rows of c .. e (rows, og) gy[q] (og, the band) */
+        q = c / cg, e = (q + 1) * cg < c1 ? (q + 1) * cg : c1;
+        dtr__gemm_on(j->pool, worker, (e - c) * kk, pb, og, 1.0f, j->w + q * og * cg * kk + (c - q * cg) * kk, 1, cg * kk,
+                     j->gprod + (n * g->O + q * og) * P + r0 * g->Wo, P, 1, 0.0f, gcol + (c - c0) * kk * pb, pb);
+    }
+    dtr__col2im_add(g, gcol, c0, c1, r0, r1, j->gimg + n * g->C * g->H * g->W);
+}
+
+/* gimg += col2im(W^T gprod), split over samples (or slabs of a sample's channels: j->pieces);
+ * each worker has its own buffer in j->gcol, for a band of output rows at a time. The bands go
+ * from the last rows up: an input element takes its taps' shares in the tap order (kernel row
+ * ki, then column kj) whole-image col2im adds them in, since a later kernel row reaches it from
+ * an earlier output row. Slabs of channels write disjoint planes, their rows of W^T the same bits. */
 static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, rows = dtr__conv_band_rows(g), n, q, r0, r1, pb;
-    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * rows * g->Wo;
-    for (n = b; n < e; n++)
-        for (r1 = g->Ho; r1 > 0; r1 = r0) {
-            r0 = r1 > rows ? r1 - rows : 0, pb = (r1 - r0) * g->Wo;
-            for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, pb) = W[q]^T (ckk, og) gy[q] (og, the band's pb of P) */
-                dtr__gemm_on(j->pool, worker, ckk, pb, og, 1.0f, j->w + q * og * ckk, 1, ckk,
-                             j->gprod + (n * g->O + q * og) * P + r0 * g->Wo, P, 1, 0.0f, gcol + q * ckk * pb, pb);
-            dtr__col2im_add(g, gcol, r0, r1, j->gimg + n * g->C * g->H * g->W);
+    int64_t rows = dtr__conv_band_rows(g), x, c0, c1, r0, r1;
+    float *gcol = j->gcol + (int64_t)worker * g->C * g->KH * g->KW * rows * g->Wo;
+    for (x = b; x < e; x++) {
+        dtr__conv_piece(g->C, j->pieces, x % j->pieces, 1, &c0, &c1);
+        for (r1 = g->Ho; r1 > 0 && c1 > c0; r1 = r0) {
+            r0 = r1 > rows ? r1 - rows : 0;
+            dtr__conv_bwd_x_band(j, worker, x / j->pieces, c0, c1, r0, r1, gcol);
         }
+    }
 }
 
 static dtr_result dtr__conv_run_x(dtr_context *ctx, dtr__conv_job *j) {
     if (!(j->gcol = dtr__conv_scratch(ctx, (size_t)(j->g.C * j->g.KH * j->g.KW * dtr__conv_band_rows(&j->g) * j->g.Wo))))
         return ctx->status;
-    dtr__pool_run(ctx->pool, j->g.N, 1, dtr__conv_bwd_x_range, j);
+    j->pieces = dtr__conv_pieces(j, j->g.C, 4);
+    dtr__pool_run(ctx->pool, j->g.N * j->pieces, 1, dtr__conv_bwd_x_range, j);
     return DTR_OK;
 }
 
@@ -686,7 +732,7 @@ dtr_result dtr__cpu_conv_transpose_bwd(dtr_context *ctx, dtr__node *nd) {
     j.gb = NULL;
     j.prod = dtr__gradof(nd->in[0]);
     j.accumulate = 1;
-    if (j.prod) dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
+    if (j.prod) dtr__conv_run_fwd(ctx, &j);
     if (!j.gw) return DTR_OK;
     j.gprod = dtr__f32(nd->in[0]);
     return dtr__conv_run_w(ctx, &j);
