@@ -5,7 +5,9 @@
  * sample n, (C*KH*KW, Ho*Wo) (group g's rows a block of it, C/G*KH*KW rows), which is never
  * stored: the GEMM's packing makes each block of it from the image as it goes (implicit GEMM:
  * dtr__gemm_on_gen), in forward and, transposed, for the weight's gradient; the input's
- * gradient is col2im of a column matrix per worker. A depthwise convolution (groups = C = O) runs direct loops over each plane
+ * gradient is col2im of W^T gy made a band of output rows at a time in a buffer per worker.
+ * With fewer samples than workers a sample is split too (dtr__conv_pieces: the forward over
+ * slabs of pixels, col2im over slabs of channels). A depthwise convolution (groups = C = O) runs direct loops over each plane
  * instead (no columns: its products are too thin for GEMMs). 1-D convolution is the 2-D one over
  * (N, C, 1, L).
  * ==========================================================================*/
