@@ -608,9 +608,10 @@ static void t_dp_average_buffers(void) {
 
 /* dtr_dp_report_metric: 3 ranks report their own validation losses with their sample counts;
    every rank reports the weighted mean, so their plateau schedules drop together, as one
-   optimizer fed the means does; a negative weight fails every rank */
+   optimizer fed the means does; a negative weight fails every rank; dtr_comm_report_metric
+   with weight on one rank only (a pipeline's last stage) gives every rank its metric */
 #define MET_N 12
-typedef struct met_rank { dtr_local_world *w; int rank; float lr[MET_N]; dtr_metric_stats st; dtr_result r, bad; } met_rank;
+typedef struct met_rank { dtr_local_world *w; int rank; float lr[MET_N]; dtr_metric_stats st, pipe; dtr_result r, bad; } met_rank;
 
 static double met_loss(int rank, int k) { return 1.0 / (1.0 + 0.3 * (k < 5 ? k : 5)) + 0.01 * (double)((rank * 7 + k * 3) % 5); }
 
@@ -638,6 +639,8 @@ static void *met_rank_main(void *arg) {
         b->lr[k] = dtr_optimizer_lr(opt);
     }
     if (b->r == DTR_OK) b->bad = dtr_dp_report_metric(dp, opt, 1.0, b->rank == 1 ? -1.0 : 1.0, NULL);
+    if (b->r == DTR_OK)   /* a pipeline's: only the last stage has the loss, the others give weight 0 (and NaN) */
+        b->r = dtr_comm_report_metric(c, opt, b->rank == 2 ? 0.0625 : NAN, b->rank == 2 ? 40.0 : 0.0, &b->pipe);
     dtr_optimizer_destroy(opt);
     dtr_dp_destroy(dp);
     dtr_comm_destroy(c);
@@ -672,6 +675,7 @@ static void t_dp_report_metric(void) {
         CHECK_MSG(mr[i].r == DTR_OK, "rank %d: %s", i, dtr_result_string(mr[i].r));
         CHECK(mr[i].st.best == st.best && mr[i].st.drops == st.drops && mr[i].st.reports == MET_N);
         CHECK_EQ_INT(mr[i].bad, DTR_INVALID_ARGUMENT);   /* rank 1's weight -1: every rank refuses */
+        CHECK(mr[i].pipe.best == 0.0625 && mr[i].pipe.improved == 1);   /* the last stage's metric everywhere */
     }
     dtr_optimizer_destroy(ref);
     mlp_free(&n);

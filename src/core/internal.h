@@ -745,6 +745,8 @@ DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, in
  *  server writes its range's gradient whole before each one; zeroing the model's whole
  *  buffer would be wasted). */
 DTR__PRIVATE void dtr__optimizer_keep_grads(dtr_optimizer *o);
+/** The context of the optimizer's model (o not NULL). */
+DTR__PRIVATE dtr_context *dtr__optimizer_context(const dtr_optimizer *o);
 
 /** The gradient's global norm as the optimizer measures it for clipping: with shard_sum
  *  (ZeRO) its own floats' sum of squares summed over the group's shards, with norm_sum

@@ -574,18 +574,24 @@ dtr_result dtr_dp_average_buffers(dtr_dp *dp) {
     return r;
 }
 
-dtr_result dtr_dp_report_metric(dtr_dp *dp, dtr_optimizer *opt, double metric, double weight, dtr_metric_stats *stats) {
+dtr_result dtr_comm_report_metric(dtr_comm *c, dtr_optimizer *opt, double metric, double weight, dtr_metric_stats *stats) {
+    dtr_context *ctx;
     double v[2];
     dtr_result r;
-    if (!dp || !opt) return DTR_NULL_HANDLE;
-    v[0] = metric * weight, v[1] = weight;
+    if (!c || !opt) return DTR_NULL_HANDLE;
+    ctx = dtr__optimizer_context(opt);
+    v[0] = weight > 0.0 ? metric * weight : 0.0, v[1] = weight;   /* a rank of weight 0 adds nothing, NaN included */
     if (!(weight >= 0.0) || !isfinite(weight))   /* every rank still takes part: the others wait on it */
         v[0] = 0.0, v[1] = -HUGE_VAL;
-    if ((r = dtr__comm_sum_doubles(dp->c, dp->ctx, v, 2, "dtr_dp_report_metric")) != DTR_OK) return r;
+    if ((r = dtr__comm_sum_doubles(c, ctx, v, 2, "dtr_comm_report_metric")) != DTR_OK) return r;
     if (!(v[1] > 0.0))
-        return dtr__fail(dp->ctx, DTR_INVALID_ARGUMENT, "dtr_dp_report_metric: the weights sum to %g over the group "
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_comm_report_metric: the weights sum to %g over the group "
                          "(each must be finite and >= 0, one > 0; this rank's %g)", v[1], weight);
     return dtr_optimizer_report_metric(opt, v[0] / v[1], stats);
+}
+
+dtr_result dtr_dp_report_metric(dtr_dp *dp, dtr_optimizer *opt, double metric, double weight, dtr_metric_stats *stats) {
+    return dp ? dtr_comm_report_metric(dp->c, opt, metric, weight, stats) : DTR_NULL_HANDLE;
 }
 
 int dtr_dp_bucket_count(const dtr_dp *dp) { return dp ? dp->nb : 0; }

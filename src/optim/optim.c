@@ -980,6 +980,8 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
 
 void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 
+dtr_context *dtr__optimizer_context(const dtr_optimizer *o) { return dtr_model_context(o->model); }
+
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }

@@ -441,9 +441,14 @@ DTR_API dtr_result dtr_dp_average_buffers(dtr_dp *dp);
  *  part of the evaluation and that part's weight (its sample count; all 1 for a plain mean),
  *  and every rank reports sum(metric * weight) / sum(weight), summed in rank order (the same
  *  bits everywhere), so a plateau schedule drops every rank's rate at the same report and
- *  the replicas stay alike. Collective.
+ *  the replicas stay alike. A rank of weight 0 adds nothing (its metric may be NaN): over a
+ *  pipeline's or a grid's whole group the stages without the loss give 0, and every stage's
+ *  optimizer gets the last stages' mean. Collective over c.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a weight < 0 or not finite, or all 0),
  *          the group's error (DTR_PEER_FAILED, DTR_TIMEOUT). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_comm_report_metric(dtr_comm *c, dtr_optimizer *opt, double metric, double weight, dtr_metric_stats *stats);
+/** dtr_comm_report_metric over the data-parallel group: every replica's optimizer gets the
+ *  replicas' weighted mean. Collective. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_report_metric(dtr_dp *dp, dtr_optimizer *opt, double metric, double weight, dtr_metric_stats *stats);
 /** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
  *  buffer (bucket 0 holds the last parameters; without ZeRO, frozen parameters' floats are in
