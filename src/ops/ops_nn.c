@@ -223,22 +223,19 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
-/* g[k] += c p[k] - d over a row of K f32 logits, p its probabilities again, eight at a time */
+/* g[k] += c p[k] - d over a row of K f32 logits, p its probabilities again (g never overlaps x) */
 DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
-    int64_t k = 0;
-    int i;
-    for (; k + 8 <= K; k += 8) {
-        float p[8];
-        for (i = 0; i < 8; i++) p[i] = dtr__f_xent_prob(x[k + i], st);
-        for (i = 0; i < 8; i++) g[k + i] += c * p[i] - d;
-    }
-    for (; k < K; k++) g[k] += c * dtr__f_xent_prob(x[k], st) - d;
+    DTR__ELEMENTWISE(0, K, g[i] += c * dtr__f_xent_prob(x[i], st) - d);
 }
 DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
     dtr__xent_grad_body(g, x, K, st, c, d);
 }
+DTR__TARGET_AVX512 static void dtr__xent_grad_avx512(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
+    dtr__xent_grad_body(g, x, K, st, c, d);
+}
 static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
-    if (dtr__simd_avx2()) dtr__xent_grad_avx2(g, x, K, st, c, d);
+    if (dtr__simd_level() >= 2) dtr__xent_grad_avx512(g, x, K, st, c, d);
+    else if (dtr__simd_level()) dtr__xent_grad_avx2(g, x, K, st, c, d);
     else dtr__xent_grad_body(g, x, K, st, c, d);
 }
 
