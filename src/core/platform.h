@@ -47,7 +47,8 @@
  *  its caller's instruction set) called by a plain function and by a DTR__TARGET_AVX2 one. No
  *  FMA: nothing is contracted into a multiply-add, so both give the same bits (test_grad
  *  checks every op case both ways). The loops whose elements each take several exponentials
- *  (the activations, cross-entropy's gradient, the LSTM's and GRU's cells) are compiled a third time for AVX-512
+ *  (the activations, the exp sums, cross-entropy's gradient, the LSTM's and GRU's cells) are
+ *  compiled a third time for AVX-512
  *  (DTR__TARGET_AVX512: 16 floats a vector, about 1.8x over AVX2 on them; DTRAIN_SIMD=avx2
  *  stops at AVX2). AVX-512 brings FMA: GCC is told not to contract there, and Clang reads the
  *  library's code with contraction off (the amalgamation's pragmas: by default it contracts

@@ -47,6 +47,14 @@ DTR__SIMD_BODY double dtr__exp_sum_body(const float *x, int64_t n, float mx, flo
     double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t;
     int64_t k = 0;
     int i;
+    for (; k + 16 <= n; k += 16) {   /* two blocks of eight at once (one AVX-512 vector), summed as two */
+        float e[16];
+        for (i = 0; i < 16; i++) e[i] = dtr__f_exp(x[k + i] - mx);
+        for (i = 0; i < 8; i++) s[i] += e[i];
+        for (i = 0; i < 8; i++) s[i] += e[8 + i];
+        if (out)
+            for (i = 0; i < 16; i++) out[k + i] = e[i];
+    }
     for (; k + 8 <= n; k += 8) {
         float e[8];
         for (i = 0; i < 8; i++) e[i] = dtr__f_exp(x[k + i] - mx);
@@ -65,8 +73,12 @@ DTR__SIMD_BODY double dtr__exp_sum_body(const float *x, int64_t n, float mx, flo
 DTR__TARGET_AVX2 static double dtr__exp_sum_avx2(const float *x, int64_t n, float mx, float *out) {
     return dtr__exp_sum_body(x, n, mx, out);
 }
+DTR__TARGET_AVX512 static double dtr__exp_sum_avx512(const float *x, int64_t n, float mx, float *out) {
+    return dtr__exp_sum_body(x, n, mx, out);
+}
 static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
-    return dtr__simd_avx2() ? dtr__exp_sum_avx2(x, n, mx, out) : dtr__exp_sum_body(x, n, mx, out);
+    int level = dtr__simd_level();
+    return level >= 2 ? dtr__exp_sum_avx512(x, n, mx, out) : level ? dtr__exp_sum_avx2(x, n, mx, out) : dtr__exp_sum_body(x, n, mx, out);
 }
 
 /* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
