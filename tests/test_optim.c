@@ -495,6 +495,12 @@ static void test_schedules(void) {
     CHECK(dtr_schedule_momentum(NULL, 3, 0.9f) == 0.9f);
 }
 
+static char g_log[256];
+static void keep_log(void *user, dtr_log_level level, const char *msg) {
+    (void)user;
+    if (level == DTR_LOG_INFO) snprintf(g_log, sizeof g_log, "%s", msg);
+}
+
 /* The plateau schedule against torch's ReduceLROnPlateau: the rate, num_bad_epochs and best
  * after each report; the same reports under a constant schedule keep the rate and count
  * alike until the first drop (early stopping's counts); the counts resume from the state. */
@@ -544,6 +550,26 @@ static void test_plateau(void) {
     }
     CHECK_EQ_INT(dtr_optimizer_report_metric(NULL, 1.0, NULL), DTR_NULL_HANDLE);
     CHECK_EQ_INT(dtr_optimizer_metric_stats(NULL, NULL), DTR_NULL_HANDLE);
+    {   /* a drop is told to the log callback at the info level (torch's verbose) */
+        dtr_context_config cc = dtr_context_config_init();
+        dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+        dtr_context *ctx = NULL;
+        dtr_model *m = NULL;
+        dtr_optimizer *o = NULL;
+        static const int64_t one = 1;
+        g_log[0] = 0;
+        cc.log = keep_log, cc.log_level = DTR_LOG_INFO, cc.threads = 1;
+        oc.schedule.kind = DTR_SCHED_PLATEAU, oc.schedule.gamma = 0.5f;
+        CHECK_OK(NULL, dtr_context_create(&cc, &ctx));
+        CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+        CHECK(dtr_model_param(m, "p", 1, &one, DTR_INIT_ZEROS, 0.0f) != NULL);
+        CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &o));
+        CHECK_OK(ctx, dtr_optimizer_report_metric(o, 1.0, NULL));
+        CHECK(g_log[0] == 0);
+        CHECK_OK(ctx, dtr_optimizer_report_metric(o, 2.0, NULL));   /* patience 0: dropped */
+        CHECK_MSG(strstr(g_log, "from 0.1 to 0.05") != NULL, "log: '%s'", g_log);
+        dtr_optimizer_destroy(o), dtr_model_destroy(m), dtr_context_destroy(ctx);
+    }
 }
 
 /* dtr_optimizer_lr / dtr_optimizer_steps follow the schedule, one step per update (not per

@@ -506,7 +506,11 @@ dtr_result dtr_optimizer_report_metric(dtr_optimizer *o, double metric, dtr_metr
     if (st->cooldown > 0) st->cooldown--, st->bad = 0;
     if (s->kind == DTR_SCHED_PLATEAU && st->bad > s->step_size) {   /* torch's _reduce_lr */
         double lr = (double)s->lr, next = lr * (double)s->gamma > (double)s->min_lr ? lr * (double)s->gamma : (double)s->min_lr;
-        if (lr - next > 1e-8) s->lr = (float)next, st->dropped = 1, st->drops++;
+        if (lr - next > 1e-8) {
+            s->lr = (float)next, st->dropped = 1, st->drops++;
+            dtr__ctx_log(dtr_model_context(o->model), DTR_LOG_INFO, "dtr_optimizer: no improvement on %g in %lld reports: "
+                         "the learning rate drops from %g to %g", st->best, (long long)st->bad, lr, next);
+        }
         st->cooldown = s->cooldown, st->bad = 0;
     }
     if (stats) *stats = *st;

@@ -1727,7 +1727,8 @@ typedef struct dtr_metric_stats {
  *  far by the schedule's threshold (lower is better, or higher with schedule.maximize; a NaN
  *  never improves). With a DTR_SCHED_PLATEAU schedule, more than step_size reports without
  *  an improvement lower schedule.lr to max(lr * gamma, min_lr) (dropped when that moves it by
- *  more than 1e-8, as torch), then `cooldown` reports count as none bad. Under any other
+ *  more than 1e-8, as torch; an info line to the context's log callback says so, as torch's
+ *  verbose), then `cooldown` reports count as none bad. Under any other
  *  schedule the rate stays; under any, `stale` serves early stopping. Data parallelism: every
  *  rank must report the same metric, or their rates part: dtr_dp_report_metric reports the
  *  group's mean. Part of
