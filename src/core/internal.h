@@ -907,8 +907,11 @@ DTR__PRIVATE dtr_result dtr__model_grad_scale(dtr_model *m, float factor);
  *  or NULL (src/ops/ops_nn.c). */
 DTR__PRIVATE dtr_tensor *dtr__rnn_sequence(dtr_context *ctx, const char *fn, int op, dtr_tensor *gx, dtr_tensor *w_hh, dtr_tensor *b_hh,
                                            dtr_tensor *h0, dtr_tensor *c0, const int32_t *lengths);
-/** out[j] += the sum over rows r of X[r n + j] (X (rows, n) dense): a bias's gradient. */
-DTR__PRIVATE void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out);
+/** out[j] += the sum over rows r of X[r n + j] (X (rows, n) dense): a bias's gradient, row by
+ *  row in order for every j, its columns split over p's threads (NULL: the caller's). */
+DTR__PRIVATE void dtr__rows_sum_into(dtr__pool *p, const float *X, int64_t rows, int64_t n, float *out);
+/** out[i] += x[i] for i < n (no overlap), split over p's threads (NULL: the caller's). */
+DTR__PRIVATE void dtr__add_into(dtr__pool *p, float *out, const float *x, int64_t n);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;

@@ -165,14 +165,37 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) dtr__gemm(ctx->pool, R, in, out, 1.0f, G, out, 1, dtr__f32(w), in, 1, 1.0f, gx, in);
     /* dW (out, in) += G^T (out, R) X (R, in) */
     if (gw) dtr__gemm(ctx->pool, out, in, R, 1.0f, G, 1, out, dtr__f32(x), in, 1, 1.0f, gw, in);
-    if (gb) dtr__rows_sum_into(G, R, out, gb);
+    if (gb) dtr__rows_sum_into(ctx->pool, G, R, out, gb);
     return DTR_OK;
 }
 
-void dtr__rows_sum_into(const float *X, int64_t rows, int64_t n, float *out) {
+typedef struct dtr__sum_job { const float *x; float *out; int64_t rows, n; } dtr__sum_job;
+
+/* columns [b, e) of a rows sum: each row added in order */
+static void dtr__rows_sum_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__sum_job *j = (const dtr__sum_job *)arg;
     int64_t r;
-    for (r = 0; r < rows; r++) {
-        const float *x = X + r * n;
-        DTR__ELEMENTWISE(0, n, out[i] += x[i]);
+    (void)worker;
+    for (r = 0; r < j->rows; r++) {
+        const float *x = j->x + r * j->n;
+        DTR__ELEMENTWISE(b, e, j->out[i] += x[i]);
     }
+}
+
+void dtr__rows_sum_into(dtr__pool *p, const float *X, int64_t rows, int64_t n, float *out) {
+    dtr__sum_job j;
+    j.x = X, j.out = out, j.rows = rows, j.n = n;
+    dtr__pool_run(rows * n >= 65536 ? p : NULL, n, 64, dtr__rows_sum_range, &j);
+}
+
+static void dtr__add_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__sum_job *j = (const dtr__sum_job *)arg;
+    (void)worker;
+    DTR__ELEMENTWISE(b, e, j->out[i] += j->x[i]);
+}
+
+void dtr__add_into(dtr__pool *p, float *out, const float *x, int64_t n) {
+    dtr__sum_job j;
+    j.x = x, j.out = out, j.rows = 1, j.n = n;
+    dtr__pool_run(p, n, 16384, dtr__add_range, &j);
 }

@@ -1258,10 +1258,10 @@ static void dtr__rnn_seq_sums(dtr_context *ctx, const dtr__rnn_walk *k, const dt
     int64_t H = s->H, G = s->G, B = s->B, n = s->T * B * G;
     float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
     const float *dx = s->gru ? k->dX : k->dA;
-    if (gx) DTR__ELEMENTWISE(0, n, gx[i] += dx[i]);
+    if (gx) dtr__add_into(ctx->pool, gx, dx, n);
     if (gw && s->T > 1) dtr__gemm(ctx->pool, G, H, (s->T - 1) * B, 1.0f, k->dA + B * G, 1, G, s->y, s->Y, 1, 1.0f, gw, H);
     if (gw && s->h0) dtr__gemm(ctx->pool, G, H, B, 1.0f, k->dA, 1, G, s->h0, H, 1, 1.0f, gw, H);
-    if (gb) dtr__rows_sum_into(k->dA, s->T * B, G, gb);
+    if (gb) dtr__rows_sum_into(ctx->pool, k->dA, s->T * B, G, gb);
 }
 
 dtr_result dtr__cpu_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
