@@ -181,14 +181,29 @@ mismatch:
 
 /* ---- CPU kernels ---- */
 
+/* dst (dense, in x's order) = x's elements: a row (the last axis) at a time, one memcpy a row
+   where the row's elements are adjacent (a permute or slice that keeps the last axis), else
+   element by element as the element's size allows */
+static void dtr__contig_copy(const dtr_tensor *x, char *dst) {
+    size_t es = dtr_dtype_size(x->dtype);
+    const char *src = (const char *)x->storage;
+    int64_t in = x->ndim ? x->shape[x->ndim - 1] : 1;
+    if (x->ndim && x->stride[x->ndim - 1] == 1)
+        DTR__FOR_EACH(x->ndim - 1, x->shape, x->stride, x->offset,
+                      memcpy(dst + (size_t)(i * in) * es, src + (size_t)off * es, (size_t)in * es));
+    else if (es == 4)
+        DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, ((uint32_t *)dst)[i] = ((const uint32_t *)src)[off]);
+    else if (es == 2)
+        DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, ((uint16_t *)dst)[i] = ((const uint16_t *)src)[off]);
+    else
+        DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, memcpy(dst + (size_t)i * es, src + (size_t)off * es, es));
+}
+
 dtr_result dtr__cpu_view_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     (void)ctx;
     if (nd->op == DTR_OP_CONTIGUOUS) {
-        size_t es = dtr_dtype_size(x->dtype);
-        char *dst = (char *)dtr__data(nd->out);
-        const char *src = (const char *)x->storage;
-        DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, memcpy(dst + (size_t)i * es, src + (size_t)off * es, es));
+        dtr__contig_copy(x, (char *)dtr__data(nd->out));
     } else if (nd->op == DTR_OP_CONCAT) {
         int k, axis = nd->p.view.axis;
         int64_t ostr[DTR_MAX_DIMS], base = 0;
