@@ -235,7 +235,6 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t cs[DTR_MAX_DIMS], gs[DTR_MAX_DIMS];
     float *gx;
     int d;
-    (void)ctx;
     if (nd->op == DTR_OP_CONCAT) {
         int k, axis = nd->p.view.axis;
         int64_t base = 0;
@@ -255,11 +254,9 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__contig_strides(x->ndim, x->shape, cs);
     switch (nd->op) {
     case DTR_OP_RESHAPE:
-    case DTR_OP_CONTIGUOUS: {
-        int64_t i, n = dtr_tensor_numel(x);
-        for (i = 0; i < n; i++) gx[i] += g[i];
+    case DTR_OP_CONTIGUOUS:   /* the view's own dense gradient, in x's order */
+        dtr__add_into(ctx->pool, gx, g, dtr_tensor_numel(x));
         break;
-    }
     case DTR_OP_PERMUTE:
         for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->p.view.perm[d]];
         DTR__FOR_EACH(nd->out->ndim, nd->out->shape, gs, 0, gx[off] += g[i]);
