@@ -13701,9 +13701,9 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
  * dtr__gemm_on_gen), in forward and, transposed, for the weight's gradient; the input's
  * gradient is col2im of W^T gy made a band of output rows at a time in a buffer per worker.
  * With fewer samples than workers a sample is split too (dtr__conv_pieces: the forward over
- * slabs of pixels, col2im over slabs of channels). A depthwise convolution (groups = C = O) runs direct loops over each plane
- * instead (no columns: its products are too thin for GEMMs). 1-D convolution is the 2-D one over
- * (N, C, 1, L).
+ * slabs of pixels, col2im over slabs of channels). A depthwise convolution (groups = C = O)
+ * runs direct loops over each plane instead (no columns: its products are too thin for
+ * GEMMs). 1-D convolution is the 2-D one over (N, C, 1, L).
  * ==========================================================================*/
 
 
@@ -17838,6 +17838,7 @@ static int dtr__milestones_passed(const dtr_schedule *s, int64_t t) {
     return k;
 }
 
+/* dtr_schedule_momentum in double (beta1 stays double, as the config's) */
 static double dtr__schedule_momentum_d(const dtr_schedule *s, int64_t step, double momentum) {
     double pct;
     if (!s || s->kind != DTR_SCHED_ONE_CYCLE || !(s->max_momentum > 0.0f)) return momentum;
@@ -18145,14 +18146,13 @@ static dtr_result dtr__check_rates(dtr_context *ctx, const dtr_optimizer_config 
     return DTR_OK;
 }
 
-dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
-    dtr_context *ctx;
-    dtr_optimizer *o;
-    dtr_result r;
-    float momentum;
-    if (!model || !cfg || !out) return DTR_NULL_HANDLE;
-    *out = NULL;
-    ctx = dtr_model_context(model);
+/* the momentum the update starts with: one-cycle's max_momentum when it cycles it, else cfg's */
+static float dtr__start_momentum(const dtr_optimizer_config *cfg) {
+    return cfg->schedule.max_momentum > 0.0f ? cfg->schedule.max_momentum : cfg->momentum;
+}
+
+/* cfg's fields in range, and its schedule one dtr_schedule_lr can follow */
+static dtr_result dtr__check_config(dtr_context *ctx, const dtr_optimizer_config *cfg) {
     if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_ADAGRAD)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown optimizer kind %d", (int)cfg->kind);
     if (!(cfg->schedule.lr >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->eps >= 0.0f) ||
@@ -18162,13 +18162,24 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
                                                     ">= 0 and betas in [0, 1)");
     if ((int)cfg->nonfinite < 0 || cfg->nonfinite > DTR_NONFINITE_OFF)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
-    if ((r = dtr__check_rates(ctx, cfg)) != DTR_OK) return r;
-    momentum = cfg->schedule.max_momentum > 0.0f ? cfg->schedule.max_momentum : cfg->momentum;   /* one-cycle's */
-    if (cfg->nesterov && (momentum <= 0.0f || cfg->dampening != 0.0f))
+    if (cfg->nesterov && (dtr__start_momentum(cfg) <= 0.0f || cfg->dampening != 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     if (cfg->kind == DTR_OPT_ADAGRAD && cfg->schedule.max_momentum > 0.0f)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Adagrad has no momentum for one-cycle to cycle "
                          "(schedule.max_momentum 0)");
+    return dtr__check_rates(ctx, cfg);
+}
+
+dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
+    dtr_context *ctx;
+    dtr_optimizer *o;
+    dtr_result r;
+    float momentum;
+    if (!model || !cfg || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    ctx = dtr_model_context(model);
+    if ((r = dtr__check_config(ctx, cfg)) != DTR_OK) return r;
+    momentum = dtr__start_momentum(cfg);
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
     if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
@@ -18733,7 +18744,7 @@ dtr_context *dtr__optimizer_context(const dtr_optimizer *o) { return dtr_model_c
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18737 "dtrain.h"
+#line 18748 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18871,7 +18882,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18875 "dtrain.h"
+#line 18886 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19218,7 +19229,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19222 "dtrain.h"
+#line 19233 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19284,7 +19295,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19288 "dtrain.h"
+#line 19299 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19521,7 +19532,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19525 "dtrain.h"
+#line 19536 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20270,7 +20281,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20274 "dtrain.h"
+#line 20285 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20723,7 +20734,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20727 "dtrain.h"
+#line 20738 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20779,7 +20790,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20783 "dtrain.h"
+#line 20794 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21621,7 +21632,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21625 "dtrain.h"
+#line 21636 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22202,7 +22213,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22206 "dtrain.h"
+#line 22217 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22833,7 +22844,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22837 "dtrain.h"
+#line 22848 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23629,7 +23640,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23633 "dtrain.h"
+#line 23644 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23982,7 +23993,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23986 "dtrain.h"
+#line 23997 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24172,7 +24183,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24176 "dtrain.h"
+#line 24187 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24353,7 +24364,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24357 "dtrain.h"
+#line 24368 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -25128,7 +25139,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 25132 "dtrain.h"
+#line 25143 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25645,7 +25656,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25649 "dtrain.h"
+#line 25660 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26440,7 +26451,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26444 "dtrain.h"
+#line 26455 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27688,7 +27699,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27692 "dtrain.h"
+#line 27703 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28310,7 +28321,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28314 "dtrain.h"
+#line 28325 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28811,7 +28822,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28815 "dtrain.h"
+#line 28826 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29541,7 +29552,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29545 "dtrain.h"
+#line 29556 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29777,7 +29788,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29781 "dtrain.h"
+#line 29792 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29906,7 +29917,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29910 "dtrain.h"
+#line 29921 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30356,7 +30367,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30360 "dtrain.h"
+#line 30371 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30849,7 +30860,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30853 "dtrain.h"
+#line 30864 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31485,7 +31496,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31489 "dtrain.h"
+#line 31500 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -31991,7 +32002,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 31995 "dtrain.h"
+#line 32006 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33543,7 +33554,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33547 "dtrain.h"
+#line 33558 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33597,7 +33608,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33601 "dtrain.h"
+#line 33612 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34801,7 +34812,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34805 "dtrain.h"
+#line 34816 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35705,7 +35716,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35709 "dtrain.h"
+#line 35720 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37183,7 +37194,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37187 "dtrain.h"
+#line 37198 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37576,7 +37587,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37580 "dtrain.h"
+#line 37591 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37725,7 +37736,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37729 "dtrain.h"
+#line 37740 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

@@ -7,9 +7,9 @@
  * dtr__gemm_on_gen), in forward and, transposed, for the weight's gradient; the input's
  * gradient is col2im of W^T gy made a band of output rows at a time in a buffer per worker.
  * With fewer samples than workers a sample is split too (dtr__conv_pieces: the forward over
- * slabs of pixels, col2im over slabs of channels). A depthwise convolution (groups = C = O) runs direct loops over each plane
- * instead (no columns: its products are too thin for GEMMs). 1-D convolution is the 2-D one over
- * (N, C, 1, L).
+ * slabs of pixels, col2im over slabs of channels). A depthwise convolution (groups = C = O)
+ * runs direct loops over each plane instead (no columns: its products are too thin for
+ * GEMMs). 1-D convolution is the 2-D one over (N, C, 1, L).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"

@@ -94,6 +94,7 @@ static int dtr__milestones_passed(const dtr_schedule *s, int64_t t) {
     return k;
 }
 
+/* dtr_schedule_momentum in double (beta1 stays double, as the config's) */
 static double dtr__schedule_momentum_d(const dtr_schedule *s, int64_t step, double momentum) {
     double pct;
     if (!s || s->kind != DTR_SCHED_ONE_CYCLE || !(s->max_momentum > 0.0f)) return momentum;
@@ -401,14 +402,13 @@ static dtr_result dtr__check_rates(dtr_context *ctx, const dtr_optimizer_config 
     return DTR_OK;
 }
 
-dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
-    dtr_context *ctx;
-    dtr_optimizer *o;
-    dtr_result r;
-    float momentum;
-    if (!model || !cfg || !out) return DTR_NULL_HANDLE;
-    *out = NULL;
-    ctx = dtr_model_context(model);
+/* the momentum the update starts with: one-cycle's max_momentum when it cycles it, else cfg's */
+static float dtr__start_momentum(const dtr_optimizer_config *cfg) {
+    return cfg->schedule.max_momentum > 0.0f ? cfg->schedule.max_momentum : cfg->momentum;
+}
+
+/* cfg's fields in range, and its schedule one dtr_schedule_lr can follow */
+static dtr_result dtr__check_config(dtr_context *ctx, const dtr_optimizer_config *cfg) {
     if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_ADAGRAD)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown optimizer kind %d", (int)cfg->kind);
     if (!(cfg->schedule.lr >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->eps >= 0.0f) ||
@@ -418,13 +418,24 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
                                                     ">= 0 and betas in [0, 1)");
     if ((int)cfg->nonfinite < 0 || cfg->nonfinite > DTR_NONFINITE_OFF)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
-    if ((r = dtr__check_rates(ctx, cfg)) != DTR_OK) return r;
-    momentum = cfg->schedule.max_momentum > 0.0f ? cfg->schedule.max_momentum : cfg->momentum;   /* one-cycle's */
-    if (cfg->nesterov && (momentum <= 0.0f || cfg->dampening != 0.0f))
+    if (cfg->nesterov && (dtr__start_momentum(cfg) <= 0.0f || cfg->dampening != 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     if (cfg->kind == DTR_OPT_ADAGRAD && cfg->schedule.max_momentum > 0.0f)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Adagrad has no momentum for one-cycle to cycle "
                          "(schedule.max_momentum 0)");
+    return dtr__check_rates(ctx, cfg);
+}
+
+dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
+    dtr_context *ctx;
+    dtr_optimizer *o;
+    dtr_result r;
+    float momentum;
+    if (!model || !cfg || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    ctx = dtr_model_context(model);
+    if ((r = dtr__check_config(ctx, cfg)) != DTR_OK) return r;
+    momentum = dtr__start_momentum(cfg);
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
     if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
