@@ -582,7 +582,7 @@ ARM_PROGRAMS = $(addprefix $(ARM_BUILD)/tests/,$(ARM_TESTS))
 test-arm64:
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=$(ARM_BUILD) CC=$(ARM_CC) USE_ZLIB=0 USE_STB_IMAGE=0 \
 	    USE_FABRIC=0 USE_NCCL=0 USE_CUDA=0 NVCC= HAVE_MPICC=0 HAVE_OPENBLAS=0 $(ARM_BUILD)/libdtrain.a $(ARM_PROGRAMS)
-	QEMU_LD_PREFIX=$(ARM_SYSROOT) TEST_WRAPPER=$(QEMU_ARM) DTR_TEST_QUICK=1 tests/run.sh $(ARM_PROGRAMS)
+	QEMU_LD_PREFIX=$(ARM_SYSROOT) TEST_WRAPPER=$(QEMU_ARM) DTR_TEST_QUICK=1 DTR_TEST_KERNELS=neon tests/run.sh $(ARM_PROGRAMS)
 
 # test-arm64-if-available: test-arm64 when the cross compiler and qemu are there (used by check).
 test-arm64-if-available:
