@@ -12113,6 +12113,7 @@ DTR__SIMD_BODY double dtr__exp_sum_body(const float *x, int64_t n, float mx, flo
     }
     return t;
 }
+static double dtr__exp_sum_plain(const float *x, int64_t n, float mx, float *out) { return dtr__exp_sum_body(x, n, mx, out); }
 DTR__TARGET_AVX2 static double dtr__exp_sum_avx2(const float *x, int64_t n, float mx, float *out) {
     return dtr__exp_sum_body(x, n, mx, out);
 }
@@ -12120,8 +12121,7 @@ DTR__TARGET_AVX512 static double dtr__exp_sum_avx512(const float *x, int64_t n, 
     return dtr__exp_sum_body(x, n, mx, out);
 }
 static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
-    int level = dtr__simd_level();
-    return level >= 2 ? dtr__exp_sum_avx512(x, n, mx, out) : level ? dtr__exp_sum_avx2(x, n, mx, out) : dtr__exp_sum_body(x, n, mx, out);
+    return DTR__SIMD_PICK(dtr__exp_sum_plain, dtr__exp_sum_avx2, dtr__exp_sum_avx512)(x, n, mx, out);
 }
 
 /* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
@@ -12282,6 +12282,9 @@ static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ?
 DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
     DTR__ELEMENTWISE(0, K, g[i] += c * dtr__f_xent_prob(x[i], st) - d);
 }
+static void dtr__xent_grad_plain(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
+    dtr__xent_grad_body(g, x, K, st, c, d);
+}
 DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
     dtr__xent_grad_body(g, x, K, st, c, d);
 }
@@ -12289,9 +12292,7 @@ DTR__TARGET_AVX512 static void dtr__xent_grad_avx512(float *g, const float *x, i
     dtr__xent_grad_body(g, x, K, st, c, d);
 }
 static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
-    if (dtr__simd_level() >= 2) dtr__xent_grad_avx512(g, x, K, st, c, d);
-    else if (dtr__simd_level()) dtr__xent_grad_avx2(g, x, K, st, c, d);
-    else dtr__xent_grad_body(g, x, K, st, c, d);
+    DTR__SIMD_PICK(dtr__xent_grad_plain, dtr__xent_grad_avx2, dtr__xent_grad_avx512)(g, x, K, st, c, d);
 }
 
 /* the mean of row r's logits (label smoothing's term) */
@@ -13688,7 +13689,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13692 "dtrain.h"
+#line 13693 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14733,7 +14734,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14737 "dtrain.h"
+#line 14738 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -15007,7 +15008,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 15011 "dtrain.h"
+#line 15012 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15408,7 +15409,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15412 "dtrain.h"
+#line 15413 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15464,12 +15465,11 @@ static dtr_result dtr__cpu_copy(dtr_context *ctx, void *dst, const void *src, si
     return DTR_OK;
 }
 
-/* Eight running sums (independent chains the CPU overlaps, and the compiler may vectorise),
- * added in a fixed order: the same bits for any thread count, about 4x the single chain's
- * speed (the optimizer's non-finite check runs this on every update). */
-/* The sum of x[i]^2 in double: element i goes to running sum i mod 8, the sums are added
- * pairwise at the end, then the tail. Eight named sums, not an array: GCC kept an array on
- * the stack (a load and a store an element); these stay in registers, paired into vectors. */
+/* The sum of x[i]^2 in double: element i goes to running sum i mod 8 (independent chains the
+ * CPU overlaps), the sums are added pairwise at the end, then the tail: the same bits for any
+ * thread count, about 4x the single chain's speed (the optimizer's non-finite check runs this
+ * on every update). Eight named sums, not an array: GCC kept an array on the stack (a load
+ * and a store an element); these stay in registers, paired into vectors. */
 DTR__SIMD_BODY double dtr__sumsq_body(const float *x, int64_t n) {
     double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0, s;
     int64_t i = 0;

@@ -50,12 +50,11 @@ static dtr_result dtr__cpu_copy(dtr_context *ctx, void *dst, const void *src, si
     return DTR_OK;
 }
 
-/* Eight running sums (independent chains the CPU overlaps, and the compiler may vectorise),
- * added in a fixed order: the same bits for any thread count, about 4x the single chain's
- * speed (the optimizer's non-finite check runs this on every update). */
-/* The sum of x[i]^2 in double: element i goes to running sum i mod 8, the sums are added
- * pairwise at the end, then the tail. Eight named sums, not an array: GCC kept an array on
- * the stack (a load and a store an element); these stay in registers, paired into vectors. */
+/* The sum of x[i]^2 in double: element i goes to running sum i mod 8 (independent chains the
+ * CPU overlaps), the sums are added pairwise at the end, then the tail: the same bits for any
+ * thread count, about 4x the single chain's speed (the optimizer's non-finite check runs this
+ * on every update). Eight named sums, not an array: GCC kept an array on the stack (a load
+ * and a store an element); these stay in registers, paired into vectors. */
 DTR__SIMD_BODY double dtr__sumsq_body(const float *x, int64_t n) {
     double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0, s;
     int64_t i = 0;

@@ -70,6 +70,7 @@ DTR__SIMD_BODY double dtr__exp_sum_body(const float *x, int64_t n, float mx, flo
     }
     return t;
 }
+static double dtr__exp_sum_plain(const float *x, int64_t n, float mx, float *out) { return dtr__exp_sum_body(x, n, mx, out); }
 DTR__TARGET_AVX2 static double dtr__exp_sum_avx2(const float *x, int64_t n, float mx, float *out) {
     return dtr__exp_sum_body(x, n, mx, out);
 }
@@ -77,8 +78,7 @@ DTR__TARGET_AVX512 static double dtr__exp_sum_avx512(const float *x, int64_t n, 
     return dtr__exp_sum_body(x, n, mx, out);
 }
 static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
-    int level = dtr__simd_level();
-    return level >= 2 ? dtr__exp_sum_avx512(x, n, mx, out) : level ? dtr__exp_sum_avx2(x, n, mx, out) : dtr__exp_sum_body(x, n, mx, out);
+    return DTR__SIMD_PICK(dtr__exp_sum_plain, dtr__exp_sum_avx2, dtr__exp_sum_avx512)(x, n, mx, out);
 }
 
 /* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
@@ -239,6 +239,9 @@ static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ?
 DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
     DTR__ELEMENTWISE(0, K, g[i] += c * dtr__f_xent_prob(x[i], st) - d);
 }
+static void dtr__xent_grad_plain(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
+    dtr__xent_grad_body(g, x, K, st, c, d);
+}
 DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
     dtr__xent_grad_body(g, x, K, st, c, d);
 }
@@ -246,9 +249,7 @@ DTR__TARGET_AVX512 static void dtr__xent_grad_avx512(float *g, const float *x, i
     dtr__xent_grad_body(g, x, K, st, c, d);
 }
 static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c, float d) {
-    if (dtr__simd_level() >= 2) dtr__xent_grad_avx512(g, x, K, st, c, d);
-    else if (dtr__simd_level()) dtr__xent_grad_avx2(g, x, K, st, c, d);
-    else dtr__xent_grad_body(g, x, K, st, c, d);
+    DTR__SIMD_PICK(dtr__xent_grad_plain, dtr__xent_grad_avx2, dtr__xent_grad_avx512)(g, x, K, st, c, d);
 }
 
 /* the mean of row r's logits (label smoothing's term) */
