@@ -795,9 +795,21 @@ typedef struct dtr_attention_config {
                             queries against the cache's keys (Tk its capacity), q_start the
                             tokens cached before them; keys past q_start + Tq - 1 are never
                             read (their contents do not matter) */
+    float dropout;     /**< while training (dtr_context_set_training), each attention weight is
+                            zeroed with this probability and the others scaled by 1 / (1 - dropout):
+                            scaled_dot_product_attention's dropout_p, in [0, 1), 0 from init. The
+                            mask is dtr_dropout's of the weights as a (B, H, Tq, Tk) tensor: the
+                            next B H Tq Tk draws of the context's stream, drawn again in backward,
+                            never stored. None in evaluation mode */
+    int mask_heads;    /**< dropout under tensor parallelism (dtr_tp_attention sets both): these
+                            heads are mask_head0 .. of a layer of mask_heads heads, and the call
+                            draws its heads' share of that layer's (B, mask_heads, Tq, Tk) mask
+                            (the stream moves past all of it), so the ranks together drop what one
+                            device would. 0 (init's): heads, the whole layer */
+    int mask_head0;    /**< the first of these heads among mask_heads (0 from init) */
 } dtr_attention_config;
 
-/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths, q_start 0.
+/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths, q_start 0, no dropout.
  *  Thread safety: any thread. */
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
@@ -815,7 +827,9 @@ DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
  *  k's width not kv_heads * D, causal with q_start + Tq > Tk, key_lengths not (B)),
  *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
  *  kv_heads not dividing heads, a scale that is not finite, q_start negative or set on a
- *  config that is not causal), DTR_NULL_HANDLE (cfg NULL). A key length outside
+ *  config that is not causal, dropout outside [0, 1), mask_head0 + heads past mask_heads),
+ *  DTR_UNSUPPORTED (dropout while training inside a captured step, dtr_graph_capture: a
+ *  replay would repeat its mask), DTR_NULL_HANDLE (cfg NULL). A key length outside
  *  [1, Tk] is DTR_INVALID_ARGUMENT from the forward pass (the CPU: when the op runs; a GPU: at
  *  the next synchronisation, as an embedding's ids, the padding masked meanwhile as if the
  *  length were clamped into range).
@@ -1118,17 +1132,23 @@ typedef struct dtr_attention_layer {
     int64_t dim;
     int heads;
     int causal;    /**< 1 (init's): query t sees positions 0..t; 0: every position (dtr_attention_ex) */
+    float dropout;         /**< while training, dropout on the attention weights (dtr_attention_config's;
+                                Hugging Face GPT-2's attn_pdrop); 0 from init */
+    float resid_dropout;   /**< while training, dropout on the output, after proj (resid_pdrop); 0 from init */
 } dtr_attention_layer;
 /** Pre-norm GPT block: x + attn(ln1(x)), then x + fc_proj(gelu(fc(ln2(x)))), GELU in its tanh
  *  form (dtr_gelu, GPT-2's). Parameters under "<name>.": ln1.weight/bias, attn.qkv.*,
  *  attn.proj.* (as dtr_attention_layer), ln2.weight/bias, fc.weight (4C, C), fc.bias (4C),
  *  fc_proj.weight (C, 4C), fc_proj.bias (C). Hugging Face GPT-2's h.<i>.ln_1, attn.c_attn,
  *  attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj map to them in that order (Conv1D weights
- *  transposed). */
+ *  transposed). Dropout while training: `dropout` (0 from init) on the attention weights, the
+ *  attention's output and the MLP's output, nanoGPT's one knob (GPT-2: 0.1; fine-tuning on little
+ *  data); with it 0, attn.dropout and attn.resid_dropout as set, and none on the MLP. */
 typedef struct dtr_gpt_block {
     dtr_layernorm_layer ln1, ln2;
     dtr_attention_layer attn;
     dtr_linear_layer fc, fc_proj;
+    float dropout;
 } dtr_gpt_block;
 
 /** LSTM (PyTorch's nn.LSTMCell; a one-layer nn.LSTM's weight_ih_l0 ... are the same tensors):
@@ -1164,6 +1184,8 @@ typedef struct dtr_llama_block {
     int64_t dim, hidden;
     int heads, kv_heads;
     float rope_theta;                        /**< 10000 from init; may be changed after init */
+    float attention_dropout;                 /**< while training, dropout on the attention weights
+                                                  (Hugging Face's attention_dropout); 0 from init */
 } dtr_llama_block;
 
 /** Layer constructors declare parameters "<name>.weight" and "<name>.bias" on `m` and fill
@@ -3479,8 +3501,9 @@ DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_co
  *  saved as dtr_linear_layer_add_lora's full tensors: a file trained on tp ranks loads into the
  *  single-device layers, and back. The forward adds (alpha / rank) (x A^T) B^T with one more
  *  collective of rank-wide rows: column-parallel, x A^T's gradient summed over the group in
- *  backward; row-parallel, x A_r^T summed in forward. Set layer->lora_dropout after this call
- *  (column-parallel: the ranks' contexts must draw alike, the same seed). @return as
+ *  backward; row-parallel, x A_r^T summed in forward. Set layer->lora_dropout after this call:
+ *  with every rank's context on the same seed, the ranks draw one device's mask (column-parallel,
+ *  the same on every rank; row-parallel, each rank its columns of it). @return as
  *  dtr_linear_layer_add_lora. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_tp_linear_add_lora(dtr_tp_linear *layer, dtr_model *m, int rank, float alpha);
 /** Folds this rank's part of the adapter into its shard of the weight (W_r += (alpha / rank)
@@ -3494,12 +3517,17 @@ DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear 
 
 /** Self-attention with its heads split over the group: rank r computes heads
  *  r * heads / tp .. with a column-parallel qkv (its rows of the q, k and v blocks) and a
- *  row-parallel proj. Parameters and `causal` as dtr_attention_layer's. */
+ *  row-parallel proj. Parameters, `causal` and the dropouts as dtr_attention_layer's: each rank
+ *  draws its heads' share of the weights' mask one device would draw (mask_heads), and the
+ *  output's dropout, after the reduce, is replicated; with every rank's context on the same
+ *  seed, training with dropout gives one device's masks and values. */
 typedef struct dtr_tp_attention {
     dtr_tp_linear qkv, proj;
     int64_t dim;
     int heads, local_heads;    /**< all heads, and this rank's (heads / tp) */
     int causal;                /**< 1 (init's): causal; 0: every position sees every other */
+    float dropout;             /**< on the attention weights while training; 0 from init */
+    float resid_dropout;       /**< on the output while training; 0 from init */
 } dtr_tp_attention;
 
 /** Declares the attention `name` on m. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
@@ -3536,12 +3564,13 @@ DTR_API dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_
 DTR_API dtr_tensor *dtr_tp_embedding_forward(dtr_context *ctx, const dtr_tp_embedding *e, dtr_tensor *ids);
 
 /** A GPT block (pre-norm) with its attention and MLP split over the group: ln1, tensor-parallel
- *  attention, ln2, column-parallel fc, gelu, row-parallel fc_proj. Parameters as
+ *  attention, ln2, column-parallel fc, gelu, row-parallel fc_proj. Parameters and `dropout` as
  *  dtr_gpt_block's (same names and order), the layer norms replicated. */
 typedef struct dtr_tp_gpt_block {
     dtr_layernorm_layer ln1, ln2;
     dtr_tp_attention attn;
     dtr_tp_linear fc, fc_proj;
+    float dropout;
 } dtr_tp_gpt_block;
 
 /** Declares the block `name` on m. @return as dtr_tp_attention_init.
@@ -5027,7 +5056,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 5031 "dtrain.h"
+#line 5060 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5290,10 +5319,18 @@ typedef struct dtr__conv2d_params {   /* CONV2D, CONV_TRANSPOSE2D: per axis (hei
 } dtr__conv2d_params;
 typedef struct dtr__pool2d_params { int64_t k[2], stride[2], padding[2]; } dtr__pool2d_params; /* MAX/AVGPOOL2D: (h, w) */
 typedef struct dtr__upsample_params { int64_t scale[2]; } dtr__upsample_params;   /* UPSAMPLE: (h, w) */
+/* Where an op's random draws come from: element i of its mask (row-major, rows of `width`
+   elements) takes draw (i / width) cols + col0 + i % width of the stream that starts at `rng`
+   (dtr__f_pcg_at): draw i when its rows are whole (width == cols, col0 0); with tensor
+   parallelism, a rank's share of the mask one device draws (columns col0 .. of rows of cols). */
+typedef struct dtr__draws {
+    dtr_rng rng;
+    int64_t width, cols, col0;
+} dtr__draws;
 typedef struct dtr__dropout_params {
-    float p;                          /* drop probability, in (0, 1) */
-    dtr_rng rng;                      /* the context's stream where this op's draws start: the
-                                         mask is element i's draw < p, in row-major order */
+    float p;                          /* drop probability, in (0, 1): element i is dropped when its draw
+                                         is below p (dtr__f_dropout_mask) */
+    dtr__draws draws;
 } dtr__dropout_params;
 typedef struct dtr__view_params {
     int axis;                         /* SLICE, CONCAT: the axis */
@@ -5342,6 +5379,8 @@ typedef struct dtr__attention_params {
     int causal;                       /* 1: query t sees keys 0 .. q_start + t */
     float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
     int64_t q_start;                  /* causal: the key position of query 0 (q_start + Tq <= Tk) */
+    float dropout;                    /* the weights' dropout probability (0: none) */
+    dtr__draws draws;                 /* dropout: its mask over (B, H, Tq, Tk), rows of H Tq Tk */
 } dtr__attention_params;
 
 /** Parameters of a node, by op (ops not listed have none). */
@@ -5853,6 +5892,15 @@ DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_te
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
+/** The draws of an op's mask of n elements in rows of `width` that are columns col0 .. of rows
+ *  of `cols` draws (cols 0: whole rows, draw i for element i): taken from the context's
+ *  stream, which moves past n / width * cols draws (the whole mask one device would draw). */
+DTR__PRIVATE dtr__draws dtr__draws_take(dtr_context *ctx, int64_t n, int64_t width, int64_t cols, int64_t col0);
+/** The generator at element i's draw; the draws of the rest of i's row follow it in order. */
+DTR__PRIVATE dtr_rng dtr__draws_at(const dtr__draws *d, int64_t i);
+/** dtr_dropout of x, whose last axis holds columns col0 .. of rows of `cols` (a
+ *  tensor-parallel shard's share of one device's mask; cols 0: x's own rows). */
+DTR__PRIVATE dtr_tensor *dtr__dropout_cols(dtr_context *ctx, dtr_tensor *x, float p, int64_t cols, int64_t col0);
 /** 1 when x is a usable float (f32, bf16, f16) input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
@@ -6001,7 +6049,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 6005 "dtrain.h"
+#line 6053 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6162,6 +6210,13 @@ DTR__HD uint64_t dtr__f_pcg_advance(uint64_t state, uint64_t inc, uint64_t delta
         delta >>= 1u;
     }
     return acc_mult * state + acc_plus;
+}
+
+/** The state of draw (i / width) cols + col0 + i % width of the stream at `state`: element i of
+ *  a mask whose rows of `width` elements are columns col0 .. of rows of `cols` draws (whole rows:
+ *  width == cols, col0 0, draw i; dtr__draws). */
+DTR__HD uint64_t dtr__f_pcg_at(uint64_t state, uint64_t inc, int64_t i, int64_t width, int64_t cols, int64_t col0) {
+    return dtr__f_pcg_advance(state, inc, (uint64_t)(i / width * cols + col0 + i % width));
 }
 
 /** A draw as a float uniform in [0, 1), 24 bits. */
@@ -6501,7 +6556,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6505 "dtrain.h"
+#line 6560 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6563,7 +6618,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6567 "dtrain.h"
+#line 6622 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6943,7 +6998,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6947 "dtrain.h"
+#line 7002 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6986,7 +7041,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6990 "dtrain.h"
+#line 7045 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -7023,7 +7078,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 7027 "dtrain.h"
+#line 7082 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -7082,7 +7137,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 7086 "dtrain.h"
+#line 7141 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7156,7 +7211,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7160 "dtrain.h"
+#line 7215 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7224,7 +7279,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7228 "dtrain.h"
+#line 7283 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)
@@ -7306,7 +7361,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7310 "dtrain.h"
+#line 7365 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7658,7 +7713,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7662 "dtrain.h"
+#line 7717 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8660,7 +8715,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8664 "dtrain.h"
+#line 8719 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9328,6 +9383,22 @@ dtr_result dtr_context_state_loaded(dtr_context *ctx) { return ctx ? DTR_OK : DT
 /* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
 void dtr__rng_advance(dtr_rng *rng, uint64_t delta) { rng->state = dtr__f_pcg_advance(rng->state, rng->inc, delta); }
 
+dtr__draws dtr__draws_take(dtr_context *ctx, int64_t n, int64_t width, int64_t cols, int64_t col0) {
+    dtr__draws d;
+    d.rng = ctx->rng;
+    d.width = width > 0 ? width : 1;
+    d.cols = cols > 0 ? cols : d.width;
+    d.col0 = cols > 0 ? col0 : 0;
+    dtr__rng_advance(&ctx->rng, (uint64_t)((n + d.width - 1) / d.width * d.cols));
+    return d;
+}
+
+dtr_rng dtr__draws_at(const dtr__draws *d, int64_t i) {
+    dtr_rng r = d->rng;
+    r.state = dtr__f_pcg_at(r.state, r.inc, i, d->width, d->cols, d->col0);
+    return r;
+}
+
 float dtr_rng_uniform(dtr_rng *rng) { return dtr__f_uniform(dtr_rng_u32(rng)); }
 
 float dtr_rng_normal(dtr_rng *rng) {
@@ -9335,7 +9406,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9339 "dtrain.h"
+#line 9410 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9426,7 +9497,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9430 "dtrain.h"
+#line 9501 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9908,7 +9979,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9912 "dtrain.h"
+#line 9983 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10164,7 +10235,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10168 "dtrain.h"
+#line 10239 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10397,7 +10468,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10401 "dtrain.h"
+#line 10472 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10516,7 +10587,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10520 "dtrain.h"
+#line 10591 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10572,7 +10643,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10576 "dtrain.h"
+#line 10647 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -11001,7 +11072,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 11005 "dtrain.h"
+#line 11076 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11266,7 +11337,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11270 "dtrain.h"
+#line 11341 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11832,7 +11903,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11836 "dtrain.h"
+#line 11907 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -12037,7 +12108,7 @@ void dtr__add_into(dtr__pool *p, float *out, const float *x, int64_t n) {
     j.x = x, j.out = out, j.rows = 1, j.n = n;
     dtr__pool_run(p, n, 16384, dtr__add_range, &j);
 }
-#line 12041 "dtrain.h"
+#line 12112 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13324,8 +13395,9 @@ dtr_result dtr__cpu_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- dropout ---- */
 
-dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
+dtr_tensor *dtr__dropout_cols(dtr_context *ctx, dtr_tensor *x, float p, int64_t cols, int64_t col0) {
     dtr__node *n;
+    int64_t w;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_dropout", x, "x")) return NULL;
     if (!(p >= 0.0f && p < 1.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_dropout: p = %g outside [0, 1)", (double)p);
@@ -13334,25 +13406,30 @@ dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
     if (!x) return NULL;
     n = dtr__node_new(ctx, DTR_OP_DROPOUT, 1, &x);
     if (!n) return NULL;
-    /* the op takes the next numel(x) draws of the context's seeded stream, so runs repeat on
-       any backend; the backend draws them */
+    /* the op takes its draws of the context's seeded stream (the next numel(x), or its share of
+       a wider mask), so runs repeat on any backend; the backend draws them */
+    w = cols > 0 && x->ndim ? x->shape[x->ndim - 1] : dtr_tensor_numel(x);
     n->p.dropout.p = p;
-    n->p.dropout.rng = ctx->rng;
-    dtr__rng_advance(&ctx->rng, (uint64_t)dtr_tensor_numel(x));
+    n->p.dropout.draws = dtr__draws_take(ctx, dtr_tensor_numel(x), w, cols, col0);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_dropout");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_dropout");
 }
 
+dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) { return dtr__dropout_cols(ctx, x, p, 0, 0); }
+
 dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
-    int64_t i, N = dtr_tensor_numel(nd->out);
+    const dtr__draws *d = &nd->p.dropout.draws;
+    int64_t i, r, N = dtr_tensor_numel(nd->out);
     const float *x = dtr__f32(nd->in[0]);
     float *y = dtr__f32(nd->out), *m, p = nd->p.dropout.p;
-    dtr_rng rng = nd->p.dropout.rng;
     m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
     if (!m) return ctx->status;
     nd->saved = m;
-    for (i = 0; i < N; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
+    for (r = 0; r < N; r += d->width) {   /* a row's draws follow one another */
+        dtr_rng rng = dtr__draws_at(d, r);
+        for (i = r; i < N && i < r + d->width; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
+    }
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }
@@ -13453,6 +13530,8 @@ dtr_result dtr__cpu_rope_bwd(dtr_context *ctx, dtr__node *nd) {
  * rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys it may see (S = scale
  * q k^T; causal: keys 0..t, else all Tk), its softmax rows, then y = P v, all through GEMM;
  * only the row log-sum-exps (B, H, Tq) are kept. Backward recomputes each tile's P from them.
+ * Dropout (training) multiplies P's rows by their mask values before P v; the mask is drawn
+ * again in backward (each row's draws found by jumping the stream), never stored.
  * Memory per worker: two TILE x Tk blocks, never Tq x Tk per head. A (batch, head) is one
  * worker's forward, a (batch, kv head) with its q heads in order one worker's backward, in
  * tile order, so results do not depend on the thread count. */
@@ -13505,13 +13584,37 @@ static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dt
     return DTR_OK;
 }
 
+/* DTR_OK when cfg's dropout and the share of the mask it names are usable (the error set otherwise) */
+static dtr_result dtr__att_check_dropout(dtr_context *ctx, const dtr_attention_config *cfg) {
+    int all = cfg->mask_heads ? cfg->mask_heads : cfg->heads;
+    if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: dropout %g outside [0, 1)", (double)cfg->dropout);
+    if (cfg->mask_heads < 0 || cfg->mask_head0 < 0 || cfg->mask_head0 > all - cfg->heads)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: heads %d .. %d of the mask's %d (mask_head0 %d, mask_heads %d) "
+                         "do not fit", cfg->mask_head0, cfg->mask_head0 + cfg->heads - 1, all, cfg->mask_head0, cfg->mask_heads);
+    if (cfg->dropout > 0.0f && ctx->training && ctx->capturing)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph: attention dropout inside a captured step (a replay would repeat the "
+                         "capture's mask): leave it out of the step or switch training mode off");
+    return DTR_OK;
+}
+
+/* n's dropout while training: the mask of the weights (B, H, Tq, Tk), this call's heads' share of
+   one over mask_heads (the stream moves past all of it) */
+static void dtr__att_dropout(dtr_context *ctx, dtr__node *n, const dtr_tensor *q, const dtr_tensor *k, const dtr_attention_config *cfg) {
+    int64_t per = q->shape[1] * k->shape[1], heads = cfg->heads, all = cfg->mask_heads ? cfg->mask_heads : heads;
+    if (!ctx->training || cfg->dropout == 0.0f) return;
+    n->p.attention.dropout = cfg->dropout;
+    n->p.attention.draws = dtr__draws_take(ctx, q->shape[0] * heads * per, heads * per, all * per, cfg->mask_head0 * per);
+}
+
 dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, const dtr_attention_config *cfg) {
     dtr__node *n;
     dtr_tensor *lens;
     if (!ctx) return NULL;
     if (!cfg) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_ex: cfg is NULL");
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
-        !dtr__check_input(ctx, "dtr_attention", v, "v") || dtr__att_check(ctx, q, k, v, cfg) != DTR_OK)
+        !dtr__check_input(ctx, "dtr_attention", v, "v") || dtr__att_check(ctx, q, k, v, cfg) != DTR_OK ||
+        dtr__att_check_dropout(ctx, cfg) != DTR_OK)
         return NULL;
     q = dtr__att_input(ctx, q);
     k = dtr__att_input(ctx, k);
@@ -13528,6 +13631,7 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     n->p.attention.causal = cfg->causal != 0;
     n->p.attention.q_start = cfg->q_start;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
+    dtr__att_dropout(ctx, n, q, k, cfg);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
@@ -13547,6 +13651,8 @@ typedef struct dtr__att_job {
     int causal;
     int64_t q0;        /* causal: the key position of query 0 */
     float scale;
+    float drop;        /* the weights' dropout (0: none) and its mask's draws */
+    dtr__draws draws;
     const int32_t *len;   /* key_lengths (B), or NULL: every key */
     float *lse;        /* (B, H, Tq) */
     float *scratch;    /* per worker: two TILE x Tk blocks */
@@ -13581,6 +13687,31 @@ static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int
     }
 }
 
+/* Rows t0.. of one tile of head bh: dP (rows, nk) -> dS = P (dP m - rowsum(dY * Y)) scale in place,
+ * dY and Y the tile's rows; with dropout, P -> P m too (the weights y was made of), m the rows'
+ * mask values (0 or 1 / (1 - p); 1 without dropout), each row's draws from its element
+ * ((bh Tq + t) Tk) of the mask over (B, H, Tq, Tk). dP NULL: the dropout of P only (forward). */
+static void dtr__att_dscore(const dtr__att_job *j, int64_t bh, int64_t t0, int64_t rows, int64_t nk, float *P, float *dP,
+                            const float *G, const float *Y) {
+    int64_t r, c;
+    for (r = 0; r < rows; r++) {
+        float *p = P + r * nk, *dp = dP ? dP + r * nk : NULL;
+        dtr_rng rng;
+        double dy = 0.0;
+        for (c = 0; dp && c < j->D; c++) dy += (double)G[r * j->C + c] * Y[r * j->C + c];
+        if (j->drop == 0.0f) {
+            for (c = 0; dp && c < nk; c++) dp[c] = p[c] * (dp[c] - (float)dy) * j->scale;
+            continue;
+        }
+        rng = dtr__draws_at(&j->draws, (bh * j->Tq + t0 + r) * j->Tk);
+        for (c = 0; c < nk; c++) {
+            float m = dtr__f_dropout_mask(dtr_rng_u32(&rng), j->drop);
+            if (dp) dp[c] = p[c] * (dp[c] * m - (float)dy) * j->scale;
+            p[c] *= m;
+        }
+    }
+}
+
 /* head h of batch item b (bh = b H + h) of input i (q; k, v: the kv head h / rep): its first
    row's D values */
 static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
@@ -13604,16 +13735,18 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
             dtr__att_softmax(j, S, rows, nk, t0, lse, 0);
+            if (j->drop != 0.0f) dtr__att_dscore(j, bh, t0, rows, nk, S, NULL, NULL, NULL);
             /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
             dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, j->sr[2], 1, 0.0f, Y + t0 * C, C);
         }
     }
 }
 
-/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) scale. */
+/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP m - rowsum(dY * Y)) scale
+   (dtr__att_dscore; m the dropout mask, 1 without). */
 static void dtr__att_bwd_head(const dtr__att_job *j, int64_t bh, int w) {
     const dtr__node *nd = j->nd;
-    int64_t Tq = j->Tq, C = j->C, Ck = j->Ck, D = j->D, t0, r, c;
+    int64_t Tq = j->Tq, C = j->C, Ck = j->Ck, D = j->D, t0;
     int64_t off = dtr__att_off(j, bh, 1), offk = dtr__att_off(j, bh, 0), rq = j->sr[0], rk = j->sr[1];
     float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk, *dP = P + DTR__ATT_TILE * j->Tk;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
@@ -13623,16 +13756,11 @@ static void dtr__att_bwd_head(const dtr__att_job *j, int64_t bh, int w) {
         int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
         dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
         dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
+        /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk), then dS over it (and the dropout of P) */
+        if (GQ || GK) dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
+        if (GQ || GK || j->drop != 0.0f) dtr__att_dscore(j, bh, t0, rows, nk, P, GQ || GK ? dP : NULL, G + t0 * C, Y + t0 * C);
         /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
         if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, Ck);
-        if (!GQ && !GK) continue;
-        /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
-        dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
-        for (r = 0; r < rows; r++) {
-            double dy = 0.0;
-            for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
-            for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
-        }
         /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
         if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
         if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, Ck);
@@ -13660,6 +13788,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     j->causal = nd->p.attention.causal;
     j->q0 = nd->p.attention.q_start;
     j->scale = nd->p.attention.scale;
+    j->drop = nd->p.attention.dropout, j->draws = nd->p.attention.draws;
     j->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *
                                                  sizeof(float), "dtr_attention");
@@ -13689,7 +13818,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13693 "dtrain.h"
+#line 13822 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14734,7 +14863,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14738 "dtrain.h"
+#line 14867 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -15008,7 +15137,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 15012 "dtrain.h"
+#line 15141 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15409,7 +15538,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15413 "dtrain.h"
+#line 15542 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15554,7 +15683,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15558 "dtrain.h"
+#line 15687 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16466,7 +16595,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16470 "dtrain.h"
+#line 16599 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -16843,11 +16972,13 @@ dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_atten
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_layer_forward: layer is NULL");
     C = l->dim;
     cfg = dtr_attention_config_init(l->heads, l->causal);
+    cfg.dropout = l->dropout;
     qkv = dtr_linear_layer_forward(ctx, &l->qkv, x);   /* (B, T, 3C) */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_linear_layer_forward(ctx, &l->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+    x = dtr_linear_layer_forward(ctx, &l->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+    return dtr_dropout(ctx, x, l->resid_dropout);
 }
 
 dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
@@ -16904,6 +17035,7 @@ dtr_tensor *dtr_llama_block_forward_cached(dtr_context *ctx, const dtr_llama_blo
     if (!b || !b->heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_llama_block_forward: block is NULL or not initialised");
     cfg = dtr_attention_config_init(b->heads, 1);
     cfg.kv_heads = b->kv_heads;
+    cfg.dropout = b->attention_dropout;
     h = dtr_rmsnorm_layer_forward(ctx, &b->attn_norm, x);
     q = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0, at);
     k = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0, at);
@@ -16919,20 +17051,23 @@ dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, 
 }
 
 dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache, int layer) {
+    dtr_attention_layer attn;
     dtr_tensor *h;
     if (!ctx) return NULL;
     if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gpt_block_forward: block is NULL");
-    h = dtr_attention_layer_forward_cached(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
+    attn = b->attn;
+    if (b->dropout != 0.0f) attn.dropout = attn.resid_dropout = b->dropout;
+    h = dtr_attention_layer_forward_cached(ctx, &attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
     x = dtr_add(ctx, x, h);
     h = dtr_layernorm_layer_forward(ctx, &b->ln2, x);
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
-    return dtr_add(ctx, x, h);
+    return dtr_add(ctx, x, dtr_dropout(ctx, h, b->dropout));
 }
 
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 16936 "dtrain.h"
+#line 17071 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17208,7 +17343,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17212 "dtrain.h"
+#line 17347 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17445,7 +17580,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17449 "dtrain.h"
+#line 17584 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17583,10 +17718,12 @@ dtr_result dtr_tp_linear_merge_lora(dtr_tp_linear *l) {
 }
 
 /* The adapter's (alpha / rank) (x A^T) B^T: column-parallel, x A^T through dtr_tp_copy (its
-   gradient is the sum of every rank's B_r part); row-parallel, x A_r^T summed by dtr_tp_reduce */
+   gradient is the sum of every rank's B_r part); row-parallel, x A_r^T summed by dtr_tp_reduce.
+   The dropout of x: replicated (column), or this rank's columns of one device's mask (row). */
 static dtr_tensor *dtr__tp_lora(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
+    int64_t share = l->in / dtr_comm_size(l->comm);
     dtr_tensor *z;
-    if (l->lora_dropout != 0.0f) x = dtr_dropout(ctx, x, l->lora_dropout);
+    if (l->lora_dropout != 0.0f) x = dtr__dropout_cols(ctx, x, l->lora_dropout, l->row ? l->in : 0, share * dtr_comm_rank(l->comm));
     z = dtr_linear(ctx, x, l->lora_a, NULL);
     z = l->row ? dtr_tp_reduce(ctx, z, l->comm) : dtr_tp_copy(ctx, z, l->comm);
     return dtr_linear(ctx, dtr_scale(ctx, z, l->lora_scale), l->lora_b, NULL);
@@ -17635,11 +17772,14 @@ dtr_tensor *dtr_tp_attention_forward_cached(dtr_context *ctx, const dtr_tp_atten
     if (!a || !a->local_heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_attention_forward: layer is NULL or not initialised");
     C = a->dim / a->heads * a->local_heads;   /* this rank's features */
     cfg = dtr_attention_config_init(a->local_heads, a->causal);
+    cfg.dropout = a->dropout;
+    cfg.mask_heads = a->heads, cfg.mask_head0 = a->local_heads * dtr_comm_rank(a->qkv.comm);   /* its share of one mask */
     qkv = dtr_tp_linear_forward(ctx, &a->qkv, x);   /* (B, T, 3C): its q | k | v */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_tp_linear_forward(ctx, &a->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+    x = dtr_tp_linear_forward(ctx, &a->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+    return dtr_dropout(ctx, x, a->resid_dropout);   /* replicated: the same mask on every rank */
 }
 
 dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
@@ -17726,19 +17866,23 @@ dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *co
 
 dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache,
                                             int layer) {
+    dtr_tp_attention attn;
     dtr_tensor *h;
     if (!ctx) return NULL;
     if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_gpt_block_forward: block is NULL");
-    h = dtr_tp_attention_forward_cached(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
+    attn = b->attn;
+    if (b->dropout != 0.0f) attn.dropout = attn.resid_dropout = b->dropout;
+    h = dtr_tp_attention_forward_cached(ctx, &attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
     x = dtr_add(ctx, x, h);
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
-    return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
+    h = dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h));
+    return dtr_add(ctx, x, dtr_dropout(ctx, h, b->dropout));
 }
 
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17742 "dtrain.h"
+#line 17886 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18744,7 +18888,7 @@ dtr_context *dtr__optimizer_context(const dtr_optimizer *o) { return dtr_model_c
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18748 "dtrain.h"
+#line 18892 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -18882,7 +19026,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 18886 "dtrain.h"
+#line 19030 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19229,7 +19373,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19233 "dtrain.h"
+#line 19377 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19295,7 +19439,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19299 "dtrain.h"
+#line 19443 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19532,7 +19676,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19536 "dtrain.h"
+#line 19680 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20281,7 +20425,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20285 "dtrain.h"
+#line 20429 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20734,7 +20878,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20738 "dtrain.h"
+#line 20882 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20790,7 +20934,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20794 "dtrain.h"
+#line 20938 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21632,7 +21776,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21636 "dtrain.h"
+#line 21780 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22213,7 +22357,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22217 "dtrain.h"
+#line 22361 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22844,7 +22988,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22848 "dtrain.h"
+#line 22992 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23640,7 +23784,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23644 "dtrain.h"
+#line 23788 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -23993,7 +24137,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 23997 "dtrain.h"
+#line 24141 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24183,7 +24327,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24187 "dtrain.h"
+#line 24331 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24364,7 +24508,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24368 "dtrain.h"
+#line 24512 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -25139,7 +25283,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 25143 "dtrain.h"
+#line 25287 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25656,7 +25800,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25660 "dtrain.h"
+#line 25804 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26451,7 +26595,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26455 "dtrain.h"
+#line 26599 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27699,7 +27843,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27703 "dtrain.h"
+#line 27847 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28321,7 +28465,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28325 "dtrain.h"
+#line 28469 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28822,7 +28966,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28826 "dtrain.h"
+#line 28970 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29552,7 +29696,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29556 "dtrain.h"
+#line 29700 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29788,7 +29932,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29792 "dtrain.h"
+#line 29936 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -29917,7 +30061,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 29921 "dtrain.h"
+#line 30065 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30367,7 +30511,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30371 "dtrain.h"
+#line 30515 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -30860,7 +31004,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 30864 "dtrain.h"
+#line 31008 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31496,7 +31640,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31500 "dtrain.h"
+#line 31644 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -32002,7 +32146,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 32006 "dtrain.h"
+#line 32150 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33554,7 +33698,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33558 "dtrain.h"
+#line 33702 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33608,7 +33752,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33612 "dtrain.h"
+#line 33756 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34812,7 +34956,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34816 "dtrain.h"
+#line 34960 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35716,7 +35860,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35720 "dtrain.h"
+#line 35864 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37194,7 +37338,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37198 "dtrain.h"
+#line 37342 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37587,7 +37731,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37591 "dtrain.h"
+#line 37735 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37736,7 +37880,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37740 "dtrain.h"
+#line 37884 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

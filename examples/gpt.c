@@ -25,12 +25,16 @@
  * Usage: gpt [TEXT_FILE] [--stages P] [--chunks V] [--microbatches M]
  *            [--schedule gpipe|1f1b|interleaved] [--dp D] [--tp T] [--steps N] [--batch B]
  *            [--context T] [--dim C] [--heads H] [--layers L] [--lr LR] [--seed S]
- *            [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet]
- *            [--generate N] [--prompt TEXT] [--temperature T] [--top-k K]
+ *            [--dropout P] [--transport local|NAME] [--provider P] [--threads N] [--checkpoint]
+ *            [--quiet] [--generate N] [--prompt TEXT] [--temperature T] [--top-k K]
  *   --stages, --chunks  pipeline ranks, and model chunks per rank (interleaved schedule)
  *   --dp, --tp          data-parallel replicas; tensor-parallel ranks per stage (the
  *                       embedding, every block and the head split over them, the
  *                       cross-entropy vocabulary-parallel)
+ *   --dropout P         dropout P in every block while training (dtr_gpt_block.dropout: the
+ *                       attention weights and both residual branches; default 0); each
+ *                       replica's context draws its own masks (seed + replica), the tensor
+ *                       ranks of a replica their shares of one device's
  *   --checkpoint        recompute each block's activations in backward (dtr_checkpoint):
  *                       less memory, one more forward of the blocks
  *   --batch             samples per step over all replicas (default 16), split into M
@@ -54,7 +58,7 @@ typedef struct gpt_opts {
     int stages, chunks, microbatches, dp, tp, steps, batch, context, dim, heads, layers, threads, quiet, checkpoint;
     int generate, top_k;
     dtr_pipe_schedule schedule;
-    float lr, temperature;
+    float lr, temperature, dropout;
     unsigned long seed;
 } gpt_opts;
 
@@ -115,6 +119,7 @@ static dtr_result gpt_declare(gpt_model *g, dtr_model *m) {
         g->ref[i].g = g, g->ref[i].i = i;
         r = g->tp ? dtr_tp_gpt_block_init(&g->th[i], m, g->tp, name, o->dim, o->heads)
                   : dtr_gpt_block_init(&g->h[i], m, name, o->dim, o->heads);
+        g->th[i].dropout = g->h[i].dropout = o->dropout;
     }
     if (r == DTR_OK) r = dtr_layernorm_layer_init(&g->ln_f, m, "ln_f", o->dim);
     if (r != DTR_OK) return r;
@@ -292,6 +297,7 @@ static int gpt_generate(gpt_model *g, dtr_context *ctx, int lead) {
     int32_t ids[GPT_MAX_CONTEXT], pos[GPT_MAX_CONTEXT], next = 0;
     uint64_t rng = o->seed;
     int made = 0, prev = dtr_context_set_grad_enabled(ctx, 0), ok = n > 0 && n < o->context && o->context <= GPT_MAX_CONTEXT;
+    int training = dtr_context_set_training(ctx, 0);   /* no dropout while generating */
     sc.temperature = o->temperature, sc.top_k = o->top_k;
     if (!ok) fprintf(stderr, "error: --prompt must be 1 to %d bytes (under --context, at most %d)\n", o->context - 1, GPT_MAX_CONTEXT);
     ok = ok && dtr_kv_cache_create(ctx, o->layers, 1, o->context, o->dim / o->tp, &kv) == DTR_OK;
@@ -317,6 +323,7 @@ static int gpt_generate(gpt_model *g, dtr_context *ctx, int lead) {
     if (!ok && kv) fprintf(stderr, "error: generate: %s\n", dtr_context_last_error(ctx));
     dtr_kv_cache_destroy(kv);
     dtr_context_set_grad_enabled(ctx, prev);
+    dtr_context_set_training(ctx, training);
     return ok;
 }
 
@@ -337,6 +344,7 @@ static int gpt_rank(dtr_comm *world, void *user) {
     g.o = o, g.text = j->text, g.text_len = j->text_len;
     cc.threads = o->threads;
     if (dtr_grid_create(world, o->dp, o->stages, o->tp, &grid, err, sizeof err) != DTR_OK) return gpt_err(world, "grid", NULL, err);
+    cc.seed = o->seed * 1000003u + (uint64_t)grid.dp_rank;   /* dropout: each replica its own masks */
     if (dtr_context_create(&cc, &ctx) != DTR_OK) { dtr_grid_destroy(&grid); return gpt_err(world, "context", NULL, "no memory"); }
     if (gpt_setup(&g, ctx, &grid, &dp, &opt) != DTR_OK) gpt_err(world, "setup", ctx, NULL);
     else ok = gpt_loop(&g, ctx, &grid, world, opt, &mine);
@@ -410,6 +418,7 @@ static int gpt_option(gpt_opts *o, const char *a, const char *v) {
     for (i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i])) { *fields[i] = (int)strtol(v, &end, 10); return end && !*end && end != v ? 1 : -1; }
     if (!strcmp(a, "--lr")) { o->lr = strtof(v, &end); return end && !*end && o->lr > 0 ? 1 : -1; }
+    if (!strcmp(a, "--dropout")) { o->dropout = strtof(v, &end); return end && !*end && o->dropout >= 0 && o->dropout < 1 ? 1 : -1; }
     if (!strcmp(a, "--seed")) { o->seed = strtoul(v, &end, 10); return end && !*end ? 1 : -1; }
     if (!strcmp(a, "--temperature")) { o->temperature = strtof(v, &end); return end && !*end && end != v ? 1 : -1; }
     if (!strcmp(a, "--prompt")) { o->prompt = v; return 1; }
@@ -445,7 +454,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         printf("usage: %s [TEXT_FILE] [--stages P] [--chunks V] [--microbatches M] [--schedule gpipe|1f1b|interleaved] "
                "[--dp D] [--tp T] [--steps N] [--batch B] [--context T] [--dim C] [--heads H] [--layers L] [--lr LR] "
-               "[--seed S] [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet] "
+               "[--seed S] [--dropout P] [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet] "
                "[--generate N] [--prompt TEXT] [--temperature T] [--top-k K]\n", argv[0]);
         return 0;
     }

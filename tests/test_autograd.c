@@ -829,10 +829,11 @@ static void test_attention_layer_causal(void) {
 }
 
 /* The fused attention op against the same math built from public ops (matmul, softmax or
- * softmax_causal, scale, permute): outputs and the gradients of q, k, v agree to 1e-5 over
- * three tiles of queries, causal, not causal, and cross-attention with fewer and more keys
- * than queries and a scale of the app's; and its arena peak at T = 512 is far below the
- * composite's, which holds (B, H, Tq, Tk) scores and probabilities. */
+ * softmax_causal, scale, permute; dropout: dtr_dropout of ones (B, H, Tq, Tk) times the
+ * weights): outputs and the gradients of q, k, v agree to 1e-5 over three tiles of queries,
+ * causal, not causal, and cross-attention with fewer and more keys than queries and a scale
+ * of the app's; and its arena peak at T = 512 is far below the composite's, which holds
+ * (B, H, Tq, Tk) scores and probabilities. */
 static dtr_tensor *attention_heads(dtr_context *ctx, dtr_tensor *x, int heads) {
     static const int to_heads[4] = {0, 2, 1, 3};
     int64_t shape[4];
@@ -844,7 +845,13 @@ static dtr_tensor *attention_composite(dtr_context *ctx, dtr_tensor *q, dtr_tens
     float scale = c->scale != 0.0f ? c->scale : 1.0f / sqrtf((float)(q->shape[2] / c->heads));
     dtr_tensor *s = dtr_scale(ctx, dtr_matmul(ctx, attention_heads(ctx, q, c->heads), dtr_transpose(ctx, attention_heads(ctx, k, c->heads), 2, 3)), scale);
     dtr_tensor *att = c->causal ? dtr_softmax_causal(ctx, s) : dtr_softmax(ctx, s);
-    dtr_tensor *y = dtr_contiguous(ctx, dtr_permute(ctx, dtr_matmul(ctx, att, attention_heads(ctx, v, c->heads)), to_heads));
+    dtr_tensor *y;
+    if (c->dropout > 0.0f) {   /* dtr_dropout's mask over (B, mask_heads, Tq, Tk), these heads' share of it */
+        int64_t ms[4] = {q->shape[0], c->mask_heads ? c->mask_heads : c->heads, q->shape[1], k->shape[1]};
+        dtr_tensor *mask = dtr_dropout(ctx, dtr_tensor_full(ctx, 4, ms, 1.0f), c->dropout);
+        att = dtr_mul(ctx, att, dtr_slice(ctx, mask, 1, c->mask_head0, c->mask_head0 + c->heads));
+    }
+    y = dtr_contiguous(ctx, dtr_permute(ctx, dtr_matmul(ctx, att, attention_heads(ctx, v, c->heads)), to_heads));
     int64_t shape[3];
     memcpy(shape, q->shape, sizeof shape);
     return dtr_reshape(ctx, y, 3, shape);
@@ -1022,6 +1029,65 @@ static double attention_at_gap(int64_t B, int64_t Tq, int64_t s, int64_t Tk, int
     return worst;
 }
 
+/* After attention with dropout over `all` heads' mask (B 2, Tq 3, Tk 4), the context's next
+   draws are those after dtr_dropout of B all Tq Tk elements (a second context, the same seed). */
+static void attention_dropout_stream(void) {
+    static const int64_t sq[3] = {2, 3, 4}, sk[3] = {2, 4, 4}, n10 = 10;
+    int all;
+    for (all = 2; all <= 4; all += 2) {
+        dtr_context *a = test_ctx(1), *b = test_ctx(1);
+        dtr_attention_config cfg = dtr_attention_config_init(2, 0);
+        int64_t whole = 2 * all * 3 * 4;
+        float after_a[10], after_b[10];
+        cfg.dropout = 0.5f, cfg.mask_heads = all, cfg.mask_head0 = all - 2;
+        CHECK(dtr_attention_ex(a, dtr_tensor_full(a, 3, sq, 0.5f), dtr_tensor_full(a, 3, sk, 0.25f), dtr_tensor_full(a, 3, sk, 1.0f), &cfg));
+        CHECK(dtr_dropout(b, dtr_tensor_full(b, 1, &whole, 1.0f), 0.5f));
+        CHECK_OK(a, dtr_tensor_read(dtr_dropout(a, dtr_tensor_full(a, 1, &n10, 1.0f), 0.5f), DTR_F32, after_a, 10));
+        CHECK_OK(b, dtr_tensor_read(dtr_dropout(b, dtr_tensor_full(b, 1, &n10, 1.0f), 0.5f), DTR_F32, after_b, 10));
+        CHECK_MSG(memcmp(after_a, after_b, sizeof after_a) == 0, "mask of %d heads: the stream is not where the whole mask leaves it", all);
+        dtr_context_destroy(a);
+        dtr_context_destroy(b);
+    }
+}
+
+/* Evaluation mode: dropout 0.5 gives the bits of dropout 0 and leaves the stream; dropout 1,
+   a negative one and a share past mask_heads are DTR_INVALID_ARGUMENT. */
+static void attention_dropout_eval_and_errors(void) {
+    static const int64_t sh[3] = {2, 5, 4};
+    dtr_context *ctx = test_ctx(1);
+    dtr_attention_config cfg = dtr_attention_config_init(2, 1);
+    dtr_tensor *x[3];
+    dtr_state_entry e;
+    dtr_rng before;
+    float y0[40], y1[40];
+    int k;
+    for (k = 0; k < 3; k++) x[k] = dtr_tensor_new(ctx, DTR_F32, 3, sh);
+    for (k = 0; k < 3; k++) {
+        float v[40];
+        int i;
+        for (i = 0; i < 40; i++) v[i] = (float)((i * 7 + k * 3) % 11) / 11.0f - 0.5f;
+        CHECK_OK(ctx, dtr_tensor_write(x[k], DTR_F32, v, 40));
+    }
+    CHECK_OK(ctx, dtr_context_state(ctx, 0, &e));
+    memcpy(&before, e.data, sizeof before);
+    CHECK_OK(ctx, dtr_tensor_read(dtr_attention_ex(ctx, x[0], x[1], x[2], &cfg), DTR_F32, y0, 40));
+    dtr_context_set_training(ctx, 0);
+    cfg.dropout = 0.5f;
+    CHECK_OK(ctx, dtr_tensor_read(dtr_attention_ex(ctx, x[0], x[1], x[2], &cfg), DTR_F32, y1, 40));
+    CHECK_MSG(memcmp(y0, y1, sizeof y0) == 0, "evaluation mode: dropout changed the output");
+    CHECK_MSG(memcmp(&before, e.data, sizeof before) == 0, "evaluation mode: dropout drew from the stream");
+    dtr_context_set_training(ctx, 1);
+    for (k = 0; k < 3; k++) {
+        static const float p[3] = {1.0f, -0.1f, 0.2f};
+        cfg.dropout = p[k], cfg.mask_heads = k == 2 ? 3 : 0, cfg.mask_head0 = k == 2 ? 2 : 0;
+        CHECK(dtr_attention_ex(ctx, x[0], x[1], x[2], &cfg) == NULL);
+        CHECK_EQ_INT(dtr_context_status(ctx), DTR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(dtr_context_last_error(ctx), k == 2 ? "do not fit" : "outside [0, 1)") != NULL, "%s", dtr_context_last_error(ctx));
+        dtr_context_clear_error(ctx);
+    }
+    dtr_context_destroy(ctx);
+}
+
 static void test_fused_attention(void) {
     static const struct { int causal; int64_t Tq, Tk; float scale; } cases[] = {
         {1, 70, 70, 0.0f}, {0, 70, 70, 0.0f}, {0, 70, 45, 0.2f}, {0, 33, 90, 0.0f}, {1, 70, 70, 0.7f}};
@@ -1058,6 +1124,27 @@ static void test_fused_attention(void) {
     }
     CHECK_MSG(p_fused * 4 < p_comp, "arena peak: fused %zu bytes, composite %zu", p_fused, p_comp);
     printf("attention at T = 512, 4 heads: arena peak %zu bytes fused, %zu composite\n", p_fused, p_comp);
+}
+
+/* Dropout on the attention weights (training): the fused op's mask is dtr_dropout's over the
+ * weights as a (B, H, Tq, Tk) tensor, or its heads' share of one over mask_heads (the composite
+ * draws the whole and slices it): outputs and gradients to 1e-5, causal, cross, grouped-query;
+ * the stream then stands where dtr_dropout of the whole mask leaves it; evaluation mode is the
+ * op without dropout, bit for bit, and draws nothing; bad settings are refused. */
+static void test_attention_dropout(void) {
+    static const struct { int causal; int64_t Tq, Tk; float p; int mask_heads, head0; } cases[] = {
+        {1, 70, 70, 0.3f, 0, 0}, {0, 33, 90, 0.5f, 5, 3}, {0, 40, 12, 0.1f, 3, 1}, {1, 40, 40, 0.2f, 4, 0}};
+    int c;
+    for (c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        dtr_attention_config cfg = dtr_attention_config_init(2, cases[c].causal);
+        double worst;
+        cfg.dropout = cases[c].p, cfg.mask_heads = cases[c].mask_heads, cfg.mask_head0 = cases[c].head0;
+        worst = attention_gap(2, cases[c].Tq, cases[c].Tk, 8, &cfg);
+        CHECK_MSG(worst < 1e-5, "attention dropout %g (causal %d, Tq %lld, Tk %lld, heads %d.. of %d) differs from the composite by %.3g",
+                  (double)cfg.dropout, cfg.causal, (long long)cases[c].Tq, (long long)cases[c].Tk, cfg.mask_head0, cfg.mask_heads, worst);
+    }
+    attention_dropout_stream();
+    attention_dropout_eval_and_errors();
 }
 
 /* ---- release_activations ---- */
@@ -1270,6 +1357,7 @@ int main(void) {
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);
+    RUN(test_attention_dropout);
     RUN(test_attention_layer_causal);
     RUN(test_rmsnorm_silu);
     RUN(test_rope);

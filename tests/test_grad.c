@@ -514,6 +514,18 @@ static dtr_tensor *b_attention_lens(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_attention_ex(c, x[0], x[1], x[2], &cfg);
 }
 
+/* attention with dropout 0.3 on its weights (training), arg {causal, kv heads (0: 2 heads, else 4
+   heads sharing them), mask_head0 + 1 (0: the whole layer's mask; else the heads' share of a mask
+   over 6 heads, as a tensor-parallel rank draws it)} */
+static dtr_tensor *b_attention_drop(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *a = (const int *)u;
+    dtr_attention_config cfg = dtr_attention_config_init(a[1] ? 4 : 2, a[0]);
+    cfg.kv_heads = a[1];
+    cfg.dropout = 0.3f;
+    if (a[2]) cfg.mask_heads = 6, cfg.mask_head0 = a[2] - 1;
+    return dtr_attention_ex(c, x[0], x[1], x[2], &cfg);
+}
+
 /* attention on views, read without copies where their rows are dense: 0, q, k, v the column
    slices of one (B, T, 3C) qkv (rows 3C apart); 1, q dense, k a slice of (B, T, 2C), v a
    transposed (B, C, T) (copied) */
@@ -782,6 +794,18 @@ static const op_case CASES[] = {
      b_attention_lens, {0, 5, 0}, 2, NULL},
     {"cross-attention, 300 queries, key lengths 70 and 1 of 70", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_lens, {0, 6, 0},
      2, NULL},
+    /* dropout on the weights (its mask drawn again in backward): small ones with finite
+       differences (grouped-query heads, a share of a wider layer's mask), then the GPU's tiled
+       kernels over two tiles of queries and at head width 64 (where the fused ones would run) */
+    {"attention, dropout 0.3", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_drop, {0, 0, 0}, 0, NULL},
+    {"causal attention, dropout 0.3, heads 3 and 4 of a mask of 6", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_drop,
+     {1, 0, 4}, 0, NULL},
+    {"causal grouped-query attention, dropout 0.3, 4 heads, 2 kv heads", 3, {IN3(2, 6, 8), IN3(2, 6, 4), IN3(2, 6, 4)},
+     b_attention_drop, {1, 2, 0}, 0, NULL},
+    {"cross-attention, dropout 0.3, 300 queries, 70 keys", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_drop,
+     {0, 0, 0}, 2, NULL},
+    {"causal attention, dropout 0.3, head width 64", 3, {IN3(1, 100, 128), IN3(1, 100, 128), IN3(1, 100, 128)}, b_attention_drop,
+     {1, 0, 0}, 2, NULL},
     /* queries from a key position on (KV-cache steps): small ones with finite differences (a
        decoding step of one query among them), two CPU tiles; then the GPU's fused kernels (key
        blocks past the queries' reach, a decoding step, grouped-query) and tiled ones (head width 4) */

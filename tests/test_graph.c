@@ -16,7 +16,7 @@
  *     convolution's changed dilation and padding with its shapes kept)
  *     fails with DTR_BAD_STATE, and the context works afterwards;
  *   - refused inside the step: reading a tensor, an optimizer step, clipping (a host sum),
- *     dtr_context_reset, dropout, the loss scaler's scaling, a nested capture; a context with a gradient hook of the app's; each with
+ *     dtr_context_reset, dropout (attention's too), the loss scaler's scaling, a nested capture; a context with a gradient hook of the app's; each with
  *     its code and message, the context usable again after clearing the error;
  *   - dtr_context_reset frees inputs made on the own tape: a launch then refuses; inputs on a
  *     tape of the app's survive it;
@@ -544,7 +544,7 @@ static void test_graph_launch_detects_a_changed_conv(void) {
 
 /* ---- refusals ---- */
 
-enum { R_READ, R_OPT, R_CLIP, R_RESET, R_DROPOUT, R_SCALER, R_NESTED, R_COUNT };
+enum { R_READ, R_OPT, R_CLIP, R_RESET, R_DROPOUT, R_ATT_DROPOUT, R_SCALER, R_NESTED, R_COUNT };
 
 typedef struct refuse {
     tnet *n;
@@ -552,6 +552,15 @@ typedef struct refuse {
     dtr_graph *inner;
     dtr_loss_scaler *ls;
 } refuse;
+
+/* attention with dropout on its weights over constant q, k, v (1, 2, 2) */
+static dtr_result refuse_attention(dtr_context *ctx) {
+    static const int64_t shape[3] = {1, 2, 2};
+    dtr_tensor *x = dtr_tensor_full(ctx, 3, shape, 0.5f);
+    dtr_attention_config cfg = dtr_attention_config_init(1, 1);
+    cfg.dropout = 0.1f;
+    return dtr_attention_ex(ctx, x, x, x, &cfg) ? DTR_OK : dtr_context_status(ctx);
+}
 
 static dtr_result refuse_step(dtr_context *ctx, void *user) {
     refuse *f = (refuse *)user;
@@ -564,6 +573,7 @@ static dtr_result refuse_step(dtr_context *ctx, void *user) {
     case R_CLIP: return dtr_clip_grad_norm(f->n->m, 1.0f, &v);
     case R_RESET: return dtr_context_reset(ctx);
     case R_DROPOUT: return dtr_dropout(ctx, f->n->loss, 0.5f) ? DTR_OK : dtr_context_status(ctx);
+    case R_ATT_DROPOUT: return refuse_attention(ctx);
     case R_SCALER: return dtr_loss_scaler_scale(f->ls, ctx, f->n->loss) ? DTR_OK : dtr_context_status(ctx);
     default: return dtr_graph_capture(ctx, train_step, f->n, &f->inner);
     }
@@ -576,10 +586,10 @@ static dtr_result no_hook(void *user, dtr_tensor *param, dtr_event *ready) {
 
 static void test_graph_refusals(void) {
     static const dtr_result want[R_COUNT] = {DTR_BAD_STATE, DTR_BAD_STATE, DTR_BAD_STATE, DTR_BAD_STATE,
-                                             DTR_UNSUPPORTED, DTR_UNSUPPORTED, DTR_BAD_STATE};
+                                             DTR_UNSUPPORTED, DTR_UNSUPPORTED, DTR_UNSUPPORTED, DTR_BAD_STATE};
     static const char *const says[R_COUNT] = {"reading backend memory", "dtr_optimizer_step: inside a captured step", "a sum read",
-                                              "dtr_context_reset", "dropout", "the scale changes",
-                                              "a capture is under way"};
+                                              "dtr_context_reset", "dropout", "attention dropout inside a captured step",
+                                              "the scale changes", "a capture is under way"};
     dtr_loss_scaler_config lc = dtr_loss_scaler_config_init();
     dtr_loss_scaler *ls = NULL;
     int bi, w, id;

@@ -22,6 +22,12 @@
  *                     dtr_linear_layer_add_lora's adapters; then merged on both sides
  *                     (dtr_tp_linear_merge_lora: each rank into its shard), the same loss and
  *                     the same merged weights.
+ *   test_tp_train_dropout  the GPT block with dropout 0.2 (its attention weights: each rank
+ *                     its heads' share of the mask; the attention's and the MLP's outputs:
+ *                     replicated) and the LoRA net with dropout 0.2 on every adapter's input
+ *                     (row-parallel: each rank its columns of the mask) and on the attention's
+ *                     weights: every rank's context on the reference's seed, the same losses
+ *                     and weights as one rank (one device's masks).
  *   test_tp_init      before any step the TP shards save into the single-device weights.
  *   test_tp_grid      data 2 x tensor 2 (dtr_grid_create, dtr_dp over the data group) on half
  *                     the batch per replica against one rank on the whole batch: same weights.
@@ -68,8 +74,11 @@ static dtr_context *rank_ctx(const dtr_comm *c) { (void)c; return test_ctx(1); }
 #define V 16
 #define SEED 7
 
-enum net { NET_LINEAR, NET_ATTN, NET_EMBED, NET_GPT, NET_LORA };
-static const char *const k_net_names[] = {"linear", "attention", "embedding + cross-entropy", "gpt", "lora"};
+enum net { NET_LINEAR, NET_ATTN, NET_EMBED, NET_GPT, NET_LORA, NET_GPT_DROPOUT, NET_LORA_DROPOUT };
+static const char *const k_net_names[] = {"linear", "attention", "embedding + cross-entropy", "gpt", "lora", "gpt, dropout 0.2",
+                                          "lora, dropout 0.2"};
+/* the nets with dropout are their base's with it on */
+static enum net net_base(enum net kind) { return kind == NET_GPT_DROPOUT ? NET_GPT : kind == NET_LORA_DROPOUT ? NET_LORA : kind; }
 
 /* One net, either kind: the single-device layers (comm NULL) or the tensor-parallel ones. */
 typedef struct net_layers {
@@ -103,7 +112,22 @@ static dtr_result declare_lora(dtr_model *m, dtr_comm *c, net_layers *L) {
     return dtr_model_set_trainable(m, adapters, 1, 1);
 }
 
+/* Dropout 0.2 everywhere the net has it: the GPT block's (weights, attention output, MLP output);
+   LoRA's on every adapter's input and the attention's weights. */
+static void set_dropout(enum net kind, dtr_comm *c, net_layers *L) {
+    dtr_linear_layer *ls[5] = {&L->l1, &L->l2, &L->l3, &L->attn.qkv, &L->attn.proj};
+    dtr_tp_linear *ts[5] = {&L->t1, &L->t2, &L->t3, &L->tattn.qkv, &L->tattn.proj};
+    int i;
+    if (kind == NET_GPT_DROPOUT) *(c ? &L->tblock.dropout : &L->block.dropout) = 0.2f;
+    if (kind != NET_LORA_DROPOUT) return;
+    for (i = 0; i < 5; i++) *(c ? &ts[i]->lora_dropout : &ls[i]->lora_dropout) = 0.2f;
+    *(c ? &L->tattn.dropout : &L->attn.dropout) = 0.2f;
+}
+
 static dtr_result declare(enum net kind, dtr_model *m, dtr_comm *c, net_layers *L) {
+    enum net full = kind;
+    dtr_result r;
+    kind = net_base(kind);
     if ((kind == NET_LINEAR || kind == NET_LORA) && !c) {
         dtr_linear_layer_init(&L->l1, m, "l1", C, 2 * C, 1, DTR_INIT_TORCH_DEFAULT);
         dtr_linear_layer_init(&L->l2, m, "l2", 2 * C, C, 1, DTR_INIT_TORCH_DEFAULT);
@@ -123,7 +147,9 @@ static dtr_result declare(enum net kind, dtr_model *m, dtr_comm *c, net_layers *
         if (c) dtr_tp_column_linear_init(&L->thead, m, c, "head", C, V, 1, DTR_INIT_TORCH_DEFAULT, 0);
         else dtr_linear_layer_init(&L->head, m, "head", C, V, 1, DTR_INIT_TORCH_DEFAULT);
     }
-    return kind == NET_LORA ? declare_lora(m, c, L) : dtr_model_build(m);
+    r = kind == NET_LORA ? declare_lora(m, c, L) : dtr_model_build(m);
+    set_dropout(full, c, L);
+    return r;
 }
 
 /* The batch of a step: x (B, T, C) and a regression target of the same shape, token ids and
@@ -146,6 +172,7 @@ static dtr_tensor *forward_loss(dtr_context *ctx, enum net kind, dtr_comm *c, co
     const int64_t xs[3] = {n, T, C}, is[2] = {n, T};
     dtr_tensor *x = dtr_tensor_from(ctx, DTR_F32, 3, xs, b->x + lo * T * C), *y = dtr_tensor_from(ctx, DTR_F32, 3, xs, b->y + lo * T * C);
     dtr_tensor *ids = dtr_tensor_from(ctx, DTR_I32, 2, is, b->ids + lo * T), *tgt = dtr_tensor_from(ctx, DTR_I32, 2, is, b->tgt + lo * T), *h;
+    kind = net_base(kind);
     if (kind == NET_LINEAR && !c)
         return dtr_mse(ctx, dtr_linear_layer_forward(ctx, &L->l3, dtr_linear_layer_forward(ctx, &L->l2,
                             dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &L->l1, x)))), y);
@@ -173,14 +200,17 @@ static dtr_tensor *forward_loss(dtr_context *ctx, enum net kind, dtr_comm *c, co
 }
 
 /* NET_LORA after training: every adapter merged into its layer's weight (the TP ranks each
-   into their shard); the loss on batch b stays (1e-5), and the saved file then holds the
-   merged weights and zero B's on either side. */
+   into their shard); the loss on batch b (evaluation mode: no dropout) stays (1e-5), and the
+   saved file then holds the merged weights and zero B's on either side. */
 static int merge_lora(dtr_context *ctx, dtr_comm *c, net_layers *L, const batch *b) {
     dtr_linear_layer *ls[5] = {&L->l1, &L->l2, &L->l3, &L->attn.qkv, &L->attn.proj};
     dtr_tp_linear *ts[5] = {&L->t1, &L->t2, &L->t3, &L->tattn.qkv, &L->tattn.proj};
-    dtr_tensor *loss = forward_loss(ctx, NET_LORA, c, L, b, 0, B);
-    float before = loss ? dtr_tensor_get(loss, 0) : 0.0f, after;
-    int i, ok = loss != NULL;
+    dtr_tensor *loss;
+    float before, after;
+    int i, ok;
+    dtr_context_set_training(ctx, 0);
+    loss = forward_loss(ctx, NET_LORA, c, L, b, 0, B);
+    before = loss ? dtr_tensor_get(loss, 0) : 0.0f, ok = loss != NULL;
     dtr_context_reset(ctx);
     for (i = 0; ok && i < 5; i++) ok = (c ? dtr_tp_linear_merge_lora(ts[i]) : dtr_linear_layer_merge_lora(ls[i])) == DTR_OK;
     loss = ok ? forward_loss(ctx, NET_LORA, c, L, b, 0, B) : NULL;
@@ -205,7 +235,7 @@ static void train_dp(enum net kind, dtr_comm *c, dtr_comm *dpc, int steps, const
     dtr_context *ctx = rank_ctx(c);
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
-    int adamw = kind == NET_LINEAR || kind == NET_EMBED || kind == NET_LORA;
+    int adamw = kind == NET_LINEAR || kind == NET_EMBED || net_base(kind) == NET_LORA;
     dtr_optimizer_config oc = dtr_optimizer_config_init(adamw ? DTR_OPT_ADAMW : DTR_OPT_SGD, adamw ? 0.01f : 0.1f);
     dtr_dp *dp = NULL;
     int D = dpc ? dtr_comm_size(dpc) : 1, lo = dpc ? dtr_comm_rank(dpc) * (B / D) : 0;
@@ -226,7 +256,7 @@ static void train_dp(enum net kind, dtr_comm *c, dtr_comm *dpc, int steps, const
         if (o->ok) o->loss[s] = dtr_tensor_get(loss, 0);
         dtr_context_reset(ctx);
     }
-    if (o->ok && kind == NET_LORA) o->ok = merge_lora(ctx, c, &L, &b);
+    if (o->ok && net_base(kind) == NET_LORA) o->ok = merge_lora(ctx, c, &L, &b);
     if (o->ok && path) o->ok = dtr_model_save(m, path, DTR_F32) == DTR_OK;
     if (!o->ok) snprintf(o->msg, sizeof o->msg, "%s", dtr_context_last_error(ctx));
     dtr_dp_destroy(dp);
@@ -364,6 +394,10 @@ static void test_tp_train_attention(void) { check_training(NET_ATTN); }
 static void test_tp_train_embedding(void) { check_training(NET_EMBED); }
 static void test_tp_train_gpt(void) { check_training(NET_GPT); }
 static void test_tp_train_lora(void) { check_training(NET_LORA); }
+static void test_tp_train_dropout(void) {
+    check_training(NET_GPT_DROPOUT);
+    check_training(NET_LORA_DROPOUT);
+}
 
 /* the shards start as slices of the single-device weights: bit for bit */
 static void test_tp_init(void) {
@@ -593,6 +627,7 @@ int main(void) {
     RUN(test_tp_train_embedding);
     RUN(test_tp_train_gpt);
     RUN(test_tp_train_lora);
+    RUN(test_tp_train_dropout);
     RUN(test_tp_init);
     RUN(test_tp_load);
     RUN(test_tp_grid);

@@ -662,6 +662,22 @@ dtr_result dtr_context_state_loaded(dtr_context *ctx) { return ctx ? DTR_OK : DT
 /* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
 void dtr__rng_advance(dtr_rng *rng, uint64_t delta) { rng->state = dtr__f_pcg_advance(rng->state, rng->inc, delta); }
 
+dtr__draws dtr__draws_take(dtr_context *ctx, int64_t n, int64_t width, int64_t cols, int64_t col0) {
+    dtr__draws d;
+    d.rng = ctx->rng;
+    d.width = width > 0 ? width : 1;
+    d.cols = cols > 0 ? cols : d.width;
+    d.col0 = cols > 0 ? col0 : 0;
+    dtr__rng_advance(&ctx->rng, (uint64_t)((n + d.width - 1) / d.width * d.cols));
+    return d;
+}
+
+dtr_rng dtr__draws_at(const dtr__draws *d, int64_t i) {
+    dtr_rng r = d->rng;
+    r.state = dtr__f_pcg_at(r.state, r.inc, i, d->width, d->cols, d->col0);
+    return r;
+}
+
 float dtr_rng_uniform(dtr_rng *rng) { return dtr__f_uniform(dtr_rng_u32(rng)); }
 
 float dtr_rng_normal(dtr_rng *rng) {

@@ -157,6 +157,13 @@ DTR__HD uint64_t dtr__f_pcg_advance(uint64_t state, uint64_t inc, uint64_t delta
     return acc_mult * state + acc_plus;
 }
 
+/** The state of draw (i / width) cols + col0 + i % width of the stream at `state`: element i of
+ *  a mask whose rows of `width` elements are columns col0 .. of rows of `cols` draws (whole rows:
+ *  width == cols, col0 0, draw i; dtr__draws). */
+DTR__HD uint64_t dtr__f_pcg_at(uint64_t state, uint64_t inc, int64_t i, int64_t width, int64_t cols, int64_t col0) {
+    return dtr__f_pcg_advance(state, inc, (uint64_t)(i / width * cols + col0 + i % width));
+}
+
 /** A draw as a float uniform in [0, 1), 24 bits. */
 DTR__HD float dtr__f_uniform(uint32_t u) { return (float)(u >> 8) * (1.0f / 16777216.0f); }
 

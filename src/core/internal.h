@@ -257,10 +257,18 @@ typedef struct dtr__conv2d_params {   /* CONV2D, CONV_TRANSPOSE2D: per axis (hei
 } dtr__conv2d_params;
 typedef struct dtr__pool2d_params { int64_t k[2], stride[2], padding[2]; } dtr__pool2d_params; /* MAX/AVGPOOL2D: (h, w) */
 typedef struct dtr__upsample_params { int64_t scale[2]; } dtr__upsample_params;   /* UPSAMPLE: (h, w) */
+/* Where an op's random draws come from: element i of its mask (row-major, rows of `width`
+   elements) takes draw (i / width) cols + col0 + i % width of the stream that starts at `rng`
+   (dtr__f_pcg_at): draw i when its rows are whole (width == cols, col0 0); with tensor
+   parallelism, a rank's share of the mask one device draws (columns col0 .. of rows of cols). */
+typedef struct dtr__draws {
+    dtr_rng rng;
+    int64_t width, cols, col0;
+} dtr__draws;
 typedef struct dtr__dropout_params {
-    float p;                          /* drop probability, in (0, 1) */
-    dtr_rng rng;                      /* the context's stream where this op's draws start: the
-                                         mask is element i's draw < p, in row-major order */
+    float p;                          /* drop probability, in (0, 1): element i is dropped when its draw
+                                         is below p (dtr__f_dropout_mask) */
+    dtr__draws draws;
 } dtr__dropout_params;
 typedef struct dtr__view_params {
     int axis;                         /* SLICE, CONCAT: the axis */
@@ -309,6 +317,8 @@ typedef struct dtr__attention_params {
     int causal;                       /* 1: query t sees keys 0 .. q_start + t */
     float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
     int64_t q_start;                  /* causal: the key position of query 0 (q_start + Tq <= Tk) */
+    float dropout;                    /* the weights' dropout probability (0: none) */
+    dtr__draws draws;                 /* dropout: its mask over (B, H, Tq, Tk), rows of H Tq Tk */
 } dtr__attention_params;
 
 /** Parameters of a node, by op (ops not listed have none). */
@@ -820,6 +830,15 @@ DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_te
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
+/** The draws of an op's mask of n elements in rows of `width` that are columns col0 .. of rows
+ *  of `cols` draws (cols 0: whole rows, draw i for element i): taken from the context's
+ *  stream, which moves past n / width * cols draws (the whole mask one device would draw). */
+DTR__PRIVATE dtr__draws dtr__draws_take(dtr_context *ctx, int64_t n, int64_t width, int64_t cols, int64_t col0);
+/** The generator at element i's draw; the draws of the rest of i's row follow it in order. */
+DTR__PRIVATE dtr_rng dtr__draws_at(const dtr__draws *d, int64_t i);
+/** dtr_dropout of x, whose last axis holds columns col0 .. of rows of `cols` (a
+ *  tensor-parallel shard's share of one device's mask; cols 0: x's own rows). */
+DTR__PRIVATE dtr_tensor *dtr__dropout_cols(dtr_context *ctx, dtr_tensor *x, float p, int64_t cols, int64_t col0);
 /** 1 when x is a usable float (f32, bf16, f16) input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)

@@ -6,7 +6,9 @@
  * S = scale q k^T (n x L for every batch item and head at once: one batched cuBLAS GEMM; L
  * the keys the tile sees), a row kernel turns them into probabilities P (with each row's
  * log-sum-exp), and y = P v is a second GEMM. Backward recomputes P from lse: dP = dy v^T,
- * dS = P (dP - rowsum(dy y)) scale, dq += dS k, dk += dS^T q, dv += P^T dy, all GEMMs.
+ * dS = P (dP - rowsum(dy y)) scale, dq += dS k, dk += dS^T q, dv += P^T dy, all GEMMs. Dropout
+ * (training) runs here only: the row kernels multiply P by the CPU's mask (each element's draw
+ * found by jumping the stream) in forward and again in backward (dv from P m, dS from dP m).
  * Memory: two B x H x n x L tiles in the context's scratch, n <= DTR__ATT_TILE rows and at
  * most DTR__ATT_SCRATCH floats each, never Tq x Tk per head; the step keeps only lse. Sums are
  * cuBLAS's and fixed trees: runs repeat bit for bit; no atomics.
@@ -43,6 +45,8 @@ typedef struct dtr__cuda_att {
     int64_t qs;                        /* causal: the key position of query 0 (q_start) */
     const int32_t *len;                /* key_lengths (B) on the device, or NULL: every key */
     float scale;
+    float drop;                        /* the weights' dropout (0: none; the tiled kernels) and its draws */
+    dtr__draws draws;
     dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
     int64_t es;                        /* bytes of one of them */
     int fa;                            /* the fused kernels' operands (DTR__FA_BF16 ..) */
@@ -79,13 +83,23 @@ __device__ static int64_t dtr__cuda_att_seen(const dtr__cuda_att &a, const dtr__
     return n < k ? n : k;
 }
 
+/* the dropout mask's value (0 or 1 / (1 - p); 1 without dropout) at key j of query row t of item
+   z: element ((z Tq + t) Tk + j) of the mask over (B, H, Tq, Tk), the CPU's draw */
+__device__ static float dtr__cuda_att_mask(const dtr__cuda_att &a, int64_t z, int64_t t, int64_t j) {
+    if (a.drop == 0.0f) return 1.0f;
+    uint64_t st = dtr__f_pcg_at(a.draws.rng.state, a.draws.rng.inc, (z * a.Tq + t) * a.Tk + j, a.draws.width, a.draws.cols,
+                                a.draws.col0);
+    return dtr__f_dropout_mask(dtr__f_pcg_next(&st, a.draws.rng.inc), a.drop);
+}
+
 /* flags (the context's error word) the first key length outside [1, Tk] */
 __global__ static void dtr__cuda_att_lens_k(dtr__cuda_att a, int *err) {
     for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < a.B; b += (int64_t)gridDim.x * blockDim.x)
         if (a.len[b] < 1 || a.len[b] > a.Tk) dtr__cuda_flag(err, DTR_OP_ATTENTION, b);
 }
 
-/* S (B H, n, L) scores -> P over them (0 past the causal edge); lse (B, H, Tq) of each row */
+/* S (B H, n, L) scores -> P over them (0 past the causal edge; times the dropout mask); lse
+   (B, H, Tq) of each row */
 __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_att a, dtr__cuda_att_tile w) {
     int64_t i = blockIdx.x, t = w.t0 + i;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
@@ -100,7 +114,7 @@ __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_a
         sum = dtr__cuda_block_sum(sum);
         for (int64_t c = 0; c < w.L; c += blockDim.x) {   /* a chunk read, then written: the 16-bit row overlaps it */
             int64_t j = c + threadIdx.x;
-            float p = j < seen ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
+            float p = j < seen ? (float)(exp((double)(s[j] - mx)) / sum) * dtr__cuda_att_mask(a, z, t, j) : 0.0f;
             __syncthreads();
             if (j < w.L) P.st(row * DTR__ATT_PACK(a) + j, p);
             __syncthreads();
@@ -109,7 +123,8 @@ __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_a
     }
 }
 
-/* Backward: P = exp(S - lse) over S, then dS = P (dP - Drow) scale over dP (0 past the edge) */
+/* Backward: P = exp(S - lse), then P m over S (m the dropout mask's values, 1 without) and
+   dS = P (dP m - Drow) scale over dP (0 past the edge) */
 __global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *lse, const float *Drow, dtr__cuda_att a,
                                              dtr__cuda_att_tile w) {
     int64_t i = blockIdx.x, t = w.t0 + i;
@@ -120,8 +135,9 @@ __global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *
         for (int64_t c = 0; c < w.L; c += blockDim.x) {
             int64_t j = c + threadIdx.x;
             float p = j < seen ? expf(S[row + j] - l) : 0.0f, g = j < w.L ? dP[row + j] : 0.0f;
+            float m = j < seen ? dtr__cuda_att_mask(a, z, t, j) : 1.0f;
             __syncthreads();
-            if (j < w.L) P.st(row * DTR__ATT_PACK(a) + j, p), dS.st(row * DTR__ATT_PACK(a) + j, p * (g - dr) * a.scale);
+            if (j < w.L) P.st(row * DTR__ATT_PACK(a) + j, p * m), dS.st(row * DTR__ATT_PACK(a) + j, p * (g * m - dr) * a.scale);
             __syncthreads();
         }
     }
@@ -163,6 +179,7 @@ static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr_
     a->qs = nd->p.attention.q_start;
     a->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     a->scale = nd->p.attention.scale;
+    a->drop = nd->p.attention.dropout, a->draws = nd->p.attention.draws;
     a->p = dtr__cuda_att16(ctx, nd) ? nd->out->dtype : DTR_F32;
     a->es = (int64_t)dtr_dtype_size(a->p);
     a->fa = dtr__cuda_fa_kind_of(ctx);
@@ -711,15 +728,16 @@ static dtr_dtype dtr__cuda_fa_dtype(int o) { return o == DTR__FA_BF16 ? DTR_BF16
 /* 1 when f32 q, k, v go to 16-bit tiles: rounded into dense copies first (dtr__cuda_fa_inputs) */
 static int dtr__cuda_fa_rounds(const dtr__cuda_att *a) { return a->p == DTR_F32 && a->fa < DTR__FA_TF32; }
 
-/* 1 when the fused kernels take the node: a kind and head width of theirs this device runs,
-   16-byte aligned q, k, v with strides of whole 16 bytes (the tiles' loads; rounded copies are) */
+/* 1 when the fused kernels take the node: no dropout (the tiled kernels draw its mask), a kind and
+   head width of theirs this device runs, 16-byte aligned q, k, v with strides of whole 16 bytes
+   (the tiles' loads; rounded copies are) */
 static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a) {
     int aligned = 1;
     int64_t v = 16 / a->es;   /* elements in 16 bytes */
     for (int i = 0; i < 3 && !dtr__cuda_fa_rounds(a); i++)
         aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0 && a->sb[i] % v == 0 && a->sr[i] % v == 0;
     aligned &= ((uintptr_t)nd->out->grad & 15) == 0;   /* dy as it is (f32 tiles) */
-    return a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> DTR__FA_BIT(a->fa, a->D) & 1) && aligned;
+    return a->drop == 0.0f && a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> DTR__FA_BIT(a->fa, a->D) & 1) && aligned;
 }
 
 /* The fused kernels' q, k, v (x[0..3)) and, for backward, dy (x[3]) in the tiles' type: as they

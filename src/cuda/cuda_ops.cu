@@ -401,13 +401,13 @@ static dtr_result dtr__cuda_pass_bwd(dtr_context *ctx, dtr__node *nd) {
 }
 #define dtr__cuda_cast_bwd dtr__cuda_pass_bwd
 
-/* ---- dropout: the CPU's stream, draw i computed on its own by jumping ahead ---- */
+/* ---- dropout: the CPU's stream, element i's draw computed on its own by jumping ahead ---- */
 
 /* x, y in their dtype (narrow); the mask f32 */
-__global__ static void dtr__cuda_dropout_fwd_k(dtr_rng rng, float p, dtr__cuda_mem x, dtr__cuda_mem y, float *mask, int64_t n) {
+__global__ static void dtr__cuda_dropout_fwd_k(dtr__draws d, float p, dtr__cuda_mem x, dtr__cuda_mem y, float *mask, int64_t n) {
     DTR__CUDA_FOR(i, n) {
-        uint64_t st = dtr__f_pcg_advance(rng.state, rng.inc, (uint64_t)i);
-        float m = dtr__f_dropout_mask(dtr__f_pcg_next(&st, rng.inc), p);
+        uint64_t st = dtr__f_pcg_at(d.rng.state, d.rng.inc, i, d.width, d.cols, d.col0);
+        float m = dtr__f_dropout_mask(dtr__f_pcg_next(&st, d.rng.inc), p);
         mask[i] = m;
         y.st(i, x.ld(i) * m);
     }
@@ -424,7 +424,7 @@ static dtr_result dtr__cuda_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     nd->saved = m;
     if (n == 0) return DTR_OK;
     dtr__cuda_dropout_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->p.dropout.rng, nd->p.dropout.p, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), m, n);
+        nd->p.dropout.draws, nd->p.dropout.p, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), m, n);
     return dtr__cuda_launched(ctx, nd);
 }
 

@@ -132,10 +132,12 @@ dtr_result dtr_tp_linear_merge_lora(dtr_tp_linear *l) {
 }
 
 /* The adapter's (alpha / rank) (x A^T) B^T: column-parallel, x A^T through dtr_tp_copy (its
-   gradient is the sum of every rank's B_r part); row-parallel, x A_r^T summed by dtr_tp_reduce */
+   gradient is the sum of every rank's B_r part); row-parallel, x A_r^T summed by dtr_tp_reduce.
+   The dropout of x: replicated (column), or this rank's columns of one device's mask (row). */
 static dtr_tensor *dtr__tp_lora(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
+    int64_t share = l->in / dtr_comm_size(l->comm);
     dtr_tensor *z;
-    if (l->lora_dropout != 0.0f) x = dtr_dropout(ctx, x, l->lora_dropout);
+    if (l->lora_dropout != 0.0f) x = dtr__dropout_cols(ctx, x, l->lora_dropout, l->row ? l->in : 0, share * dtr_comm_rank(l->comm));
     z = dtr_linear(ctx, x, l->lora_a, NULL);
     z = l->row ? dtr_tp_reduce(ctx, z, l->comm) : dtr_tp_copy(ctx, z, l->comm);
     return dtr_linear(ctx, dtr_scale(ctx, z, l->lora_scale), l->lora_b, NULL);
@@ -184,11 +186,14 @@ dtr_tensor *dtr_tp_attention_forward_cached(dtr_context *ctx, const dtr_tp_atten
     if (!a || !a->local_heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_attention_forward: layer is NULL or not initialised");
     C = a->dim / a->heads * a->local_heads;   /* this rank's features */
     cfg = dtr_attention_config_init(a->local_heads, a->causal);
+    cfg.dropout = a->dropout;
+    cfg.mask_heads = a->heads, cfg.mask_head0 = a->local_heads * dtr_comm_rank(a->qkv.comm);   /* its share of one mask */
     qkv = dtr_tp_linear_forward(ctx, &a->qkv, x);   /* (B, T, 3C): its q | k | v */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_tp_linear_forward(ctx, &a->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+    x = dtr_tp_linear_forward(ctx, &a->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+    return dtr_dropout(ctx, x, a->resid_dropout);   /* replicated: the same mask on every rank */
 }
 
 dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
@@ -275,13 +280,17 @@ dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *co
 
 dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache,
                                             int layer) {
+    dtr_tp_attention attn;
     dtr_tensor *h;
     if (!ctx) return NULL;
     if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_gpt_block_forward: block is NULL");
-    h = dtr_tp_attention_forward_cached(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
+    attn = b->attn;
+    if (b->dropout != 0.0f) attn.dropout = attn.resid_dropout = b->dropout;
+    h = dtr_tp_attention_forward_cached(ctx, &attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
     x = dtr_add(ctx, x, h);
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
-    return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
+    h = dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h));
+    return dtr_add(ctx, x, dtr_dropout(ctx, h, b->dropout));
 }
 
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {

@@ -1281,8 +1281,9 @@ dtr_result dtr__cpu_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- dropout ---- */
 
-dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
+dtr_tensor *dtr__dropout_cols(dtr_context *ctx, dtr_tensor *x, float p, int64_t cols, int64_t col0) {
     dtr__node *n;
+    int64_t w;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_dropout", x, "x")) return NULL;
     if (!(p >= 0.0f && p < 1.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_dropout: p = %g outside [0, 1)", (double)p);
@@ -1291,25 +1292,30 @@ dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
     if (!x) return NULL;
     n = dtr__node_new(ctx, DTR_OP_DROPOUT, 1, &x);
     if (!n) return NULL;
-    /* the op takes the next numel(x) draws of the context's seeded stream, so runs repeat on
-       any backend; the backend draws them */
+    /* the op takes its draws of the context's seeded stream (the next numel(x), or its share of
+       a wider mask), so runs repeat on any backend; the backend draws them */
+    w = cols > 0 && x->ndim ? x->shape[x->ndim - 1] : dtr_tensor_numel(x);
     n->p.dropout.p = p;
-    n->p.dropout.rng = ctx->rng;
-    dtr__rng_advance(&ctx->rng, (uint64_t)dtr_tensor_numel(x));
+    n->p.dropout.draws = dtr__draws_take(ctx, dtr_tensor_numel(x), w, cols, col0);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_dropout");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_dropout");
 }
 
+dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) { return dtr__dropout_cols(ctx, x, p, 0, 0); }
+
 dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
-    int64_t i, N = dtr_tensor_numel(nd->out);
+    const dtr__draws *d = &nd->p.dropout.draws;
+    int64_t i, r, N = dtr_tensor_numel(nd->out);
     const float *x = dtr__f32(nd->in[0]);
     float *y = dtr__f32(nd->out), *m, p = nd->p.dropout.p;
-    dtr_rng rng = nd->p.dropout.rng;
     m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
     if (!m) return ctx->status;
     nd->saved = m;
-    for (i = 0; i < N; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
+    for (r = 0; r < N; r += d->width) {   /* a row's draws follow one another */
+        dtr_rng rng = dtr__draws_at(d, r);
+        for (i = r; i < N && i < r + d->width; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
+    }
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }
@@ -1410,6 +1416,8 @@ dtr_result dtr__cpu_rope_bwd(dtr_context *ctx, dtr__node *nd) {
  * rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys it may see (S = scale
  * q k^T; causal: keys 0..t, else all Tk), its softmax rows, then y = P v, all through GEMM;
  * only the row log-sum-exps (B, H, Tq) are kept. Backward recomputes each tile's P from them.
+ * Dropout (training) multiplies P's rows by their mask values before P v; the mask is drawn
+ * again in backward (each row's draws found by jumping the stream), never stored.
  * Memory per worker: two TILE x Tk blocks, never Tq x Tk per head. A (batch, head) is one
  * worker's forward, a (batch, kv head) with its q heads in order one worker's backward, in
  * tile order, so results do not depend on the thread count. */
@@ -1462,13 +1470,37 @@ static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dt
     return DTR_OK;
 }
 
+/* DTR_OK when cfg's dropout and the share of the mask it names are usable (the error set otherwise) */
+static dtr_result dtr__att_check_dropout(dtr_context *ctx, const dtr_attention_config *cfg) {
+    int all = cfg->mask_heads ? cfg->mask_heads : cfg->heads;
+    if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: dropout %g outside [0, 1)", (double)cfg->dropout);
+    if (cfg->mask_heads < 0 || cfg->mask_head0 < 0 || cfg->mask_head0 > all - cfg->heads)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: heads %d .. %d of the mask's %d (mask_head0 %d, mask_heads %d) "
+                         "do not fit", cfg->mask_head0, cfg->mask_head0 + cfg->heads - 1, all, cfg->mask_head0, cfg->mask_heads);
+    if (cfg->dropout > 0.0f && ctx->training && ctx->capturing)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph: attention dropout inside a captured step (a replay would repeat the "
+                         "capture's mask): leave it out of the step or switch training mode off");
+    return DTR_OK;
+}
+
+/* n's dropout while training: the mask of the weights (B, H, Tq, Tk), this call's heads' share of
+   one over mask_heads (the stream moves past all of it) */
+static void dtr__att_dropout(dtr_context *ctx, dtr__node *n, const dtr_tensor *q, const dtr_tensor *k, const dtr_attention_config *cfg) {
+    int64_t per = q->shape[1] * k->shape[1], heads = cfg->heads, all = cfg->mask_heads ? cfg->mask_heads : heads;
+    if (!ctx->training || cfg->dropout == 0.0f) return;
+    n->p.attention.dropout = cfg->dropout;
+    n->p.attention.draws = dtr__draws_take(ctx, q->shape[0] * heads * per, heads * per, all * per, cfg->mask_head0 * per);
+}
+
 dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, const dtr_attention_config *cfg) {
     dtr__node *n;
     dtr_tensor *lens;
     if (!ctx) return NULL;
     if (!cfg) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_ex: cfg is NULL");
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
-        !dtr__check_input(ctx, "dtr_attention", v, "v") || dtr__att_check(ctx, q, k, v, cfg) != DTR_OK)
+        !dtr__check_input(ctx, "dtr_attention", v, "v") || dtr__att_check(ctx, q, k, v, cfg) != DTR_OK ||
+        dtr__att_check_dropout(ctx, cfg) != DTR_OK)
         return NULL;
     q = dtr__att_input(ctx, q);
     k = dtr__att_input(ctx, k);
@@ -1485,6 +1517,7 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     n->p.attention.causal = cfg->causal != 0;
     n->p.attention.q_start = cfg->q_start;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
+    dtr__att_dropout(ctx, n, q, k, cfg);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
@@ -1504,6 +1537,8 @@ typedef struct dtr__att_job {
     int causal;
     int64_t q0;        /* causal: the key position of query 0 */
     float scale;
+    float drop;        /* the weights' dropout (0: none) and its mask's draws */
+    dtr__draws draws;
     const int32_t *len;   /* key_lengths (B), or NULL: every key */
     float *lse;        /* (B, H, Tq) */
     float *scratch;    /* per worker: two TILE x Tk blocks */
@@ -1538,6 +1573,31 @@ static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int
     }
 }
 
+/* Rows t0.. of one tile of head bh: dP (rows, nk) -> dS = P (dP m - rowsum(dY * Y)) scale in place,
+ * dY and Y the tile's rows; with dropout, P -> P m too (the weights y was made of), m the rows'
+ * mask values (0 or 1 / (1 - p); 1 without dropout), each row's draws from its element
+ * ((bh Tq + t) Tk) of the mask over (B, H, Tq, Tk). dP NULL: the dropout of P only (forward). */
+static void dtr__att_dscore(const dtr__att_job *j, int64_t bh, int64_t t0, int64_t rows, int64_t nk, float *P, float *dP,
+                            const float *G, const float *Y) {
+    int64_t r, c;
+    for (r = 0; r < rows; r++) {
+        float *p = P + r * nk, *dp = dP ? dP + r * nk : NULL;
+        dtr_rng rng;
+        double dy = 0.0;
+        for (c = 0; dp && c < j->D; c++) dy += (double)G[r * j->C + c] * Y[r * j->C + c];
+        if (j->drop == 0.0f) {
+            for (c = 0; dp && c < nk; c++) dp[c] = p[c] * (dp[c] - (float)dy) * j->scale;
+            continue;
+        }
+        rng = dtr__draws_at(&j->draws, (bh * j->Tq + t0 + r) * j->Tk);
+        for (c = 0; c < nk; c++) {
+            float m = dtr__f_dropout_mask(dtr_rng_u32(&rng), j->drop);
+            if (dp) dp[c] = p[c] * (dp[c] * m - (float)dy) * j->scale;
+            p[c] *= m;
+        }
+    }
+}
+
 /* head h of batch item b (bh = b H + h) of input i (q; k, v: the kv head h / rep): its first
    row's D values */
 static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
@@ -1561,16 +1621,18 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
             dtr__att_softmax(j, S, rows, nk, t0, lse, 0);
+            if (j->drop != 0.0f) dtr__att_dscore(j, bh, t0, rows, nk, S, NULL, NULL, NULL);
             /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
             dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, j->sr[2], 1, 0.0f, Y + t0 * C, C);
         }
     }
 }
 
-/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) scale. */
+/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP m - rowsum(dY * Y)) scale
+   (dtr__att_dscore; m the dropout mask, 1 without). */
 static void dtr__att_bwd_head(const dtr__att_job *j, int64_t bh, int w) {
     const dtr__node *nd = j->nd;
-    int64_t Tq = j->Tq, C = j->C, Ck = j->Ck, D = j->D, t0, r, c;
+    int64_t Tq = j->Tq, C = j->C, Ck = j->Ck, D = j->D, t0;
     int64_t off = dtr__att_off(j, bh, 1), offk = dtr__att_off(j, bh, 0), rq = j->sr[0], rk = j->sr[1];
     float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk, *dP = P + DTR__ATT_TILE * j->Tk;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
@@ -1580,16 +1642,11 @@ static void dtr__att_bwd_head(const dtr__att_job *j, int64_t bh, int w) {
         int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
         dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
         dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
+        /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk), then dS over it (and the dropout of P) */
+        if (GQ || GK) dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
+        if (GQ || GK || j->drop != 0.0f) dtr__att_dscore(j, bh, t0, rows, nk, P, GQ || GK ? dP : NULL, G + t0 * C, Y + t0 * C);
         /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
         if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, Ck);
-        if (!GQ && !GK) continue;
-        /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
-        dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
-        for (r = 0; r < rows; r++) {
-            double dy = 0.0;
-            for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
-            for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
-        }
         /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
         if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
         if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, Ck);
@@ -1617,6 +1674,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     j->causal = nd->p.attention.causal;
     j->q0 = nd->p.attention.q_start;
     j->scale = nd->p.attention.scale;
+    j->drop = nd->p.attention.dropout, j->draws = nd->p.attention.draws;
     j->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *
                                                  sizeof(float), "dtr_attention");

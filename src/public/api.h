@@ -770,9 +770,21 @@ typedef struct dtr_attention_config {
                             queries against the cache's keys (Tk its capacity), q_start the
                             tokens cached before them; keys past q_start + Tq - 1 are never
                             read (their contents do not matter) */
+    float dropout;     /**< while training (dtr_context_set_training), each attention weight is
+                            zeroed with this probability and the others scaled by 1 / (1 - dropout):
+                            scaled_dot_product_attention's dropout_p, in [0, 1), 0 from init. The
+                            mask is dtr_dropout's of the weights as a (B, H, Tq, Tk) tensor: the
+                            next B H Tq Tk draws of the context's stream, drawn again in backward,
+                            never stored. None in evaluation mode */
+    int mask_heads;    /**< dropout under tensor parallelism (dtr_tp_attention sets both): these
+                            heads are mask_head0 .. of a layer of mask_heads heads, and the call
+                            draws its heads' share of that layer's (B, mask_heads, Tq, Tk) mask
+                            (the stream moves past all of it), so the ranks together drop what one
+                            device would. 0 (init's): heads, the whole layer */
+    int mask_head0;    /**< the first of these heads among mask_heads (0 from init) */
 } dtr_attention_config;
 
-/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths, q_start 0.
+/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths, q_start 0, no dropout.
  *  Thread safety: any thread. */
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
@@ -790,7 +802,9 @@ DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
  *  k's width not kv_heads * D, causal with q_start + Tq > Tk, key_lengths not (B)),
  *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
  *  kv_heads not dividing heads, a scale that is not finite, q_start negative or set on a
- *  config that is not causal), DTR_NULL_HANDLE (cfg NULL). A key length outside
+ *  config that is not causal, dropout outside [0, 1), mask_head0 + heads past mask_heads),
+ *  DTR_UNSUPPORTED (dropout while training inside a captured step, dtr_graph_capture: a
+ *  replay would repeat its mask), DTR_NULL_HANDLE (cfg NULL). A key length outside
  *  [1, Tk] is DTR_INVALID_ARGUMENT from the forward pass (the CPU: when the op runs; a GPU: at
  *  the next synchronisation, as an embedding's ids, the padding masked meanwhile as if the
  *  length were clamped into range).
@@ -1093,17 +1107,23 @@ typedef struct dtr_attention_layer {
     int64_t dim;
     int heads;
     int causal;    /**< 1 (init's): query t sees positions 0..t; 0: every position (dtr_attention_ex) */
+    float dropout;         /**< while training, dropout on the attention weights (dtr_attention_config's;
+                                Hugging Face GPT-2's attn_pdrop); 0 from init */
+    float resid_dropout;   /**< while training, dropout on the output, after proj (resid_pdrop); 0 from init */
 } dtr_attention_layer;
 /** Pre-norm GPT block: x + attn(ln1(x)), then x + fc_proj(gelu(fc(ln2(x)))), GELU in its tanh
  *  form (dtr_gelu, GPT-2's). Parameters under "<name>.": ln1.weight/bias, attn.qkv.*,
  *  attn.proj.* (as dtr_attention_layer), ln2.weight/bias, fc.weight (4C, C), fc.bias (4C),
  *  fc_proj.weight (C, 4C), fc_proj.bias (C). Hugging Face GPT-2's h.<i>.ln_1, attn.c_attn,
  *  attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj map to them in that order (Conv1D weights
- *  transposed). */
+ *  transposed). Dropout while training: `dropout` (0 from init) on the attention weights, the
+ *  attention's output and the MLP's output, nanoGPT's one knob (GPT-2: 0.1; fine-tuning on little
+ *  data); with it 0, attn.dropout and attn.resid_dropout as set, and none on the MLP. */
 typedef struct dtr_gpt_block {
     dtr_layernorm_layer ln1, ln2;
     dtr_attention_layer attn;
     dtr_linear_layer fc, fc_proj;
+    float dropout;
 } dtr_gpt_block;
 
 /** LSTM (PyTorch's nn.LSTMCell; a one-layer nn.LSTM's weight_ih_l0 ... are the same tensors):
@@ -1139,6 +1159,8 @@ typedef struct dtr_llama_block {
     int64_t dim, hidden;
     int heads, kv_heads;
     float rope_theta;                        /**< 10000 from init; may be changed after init */
+    float attention_dropout;                 /**< while training, dropout on the attention weights
+                                                  (Hugging Face's attention_dropout); 0 from init */
 } dtr_llama_block;
 
 /** Layer constructors declare parameters "<name>.weight" and "<name>.bias" on `m` and fill

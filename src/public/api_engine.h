@@ -157,8 +157,9 @@ DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_co
  *  saved as dtr_linear_layer_add_lora's full tensors: a file trained on tp ranks loads into the
  *  single-device layers, and back. The forward adds (alpha / rank) (x A^T) B^T with one more
  *  collective of rank-wide rows: column-parallel, x A^T's gradient summed over the group in
- *  backward; row-parallel, x A_r^T summed in forward. Set layer->lora_dropout after this call
- *  (column-parallel: the ranks' contexts must draw alike, the same seed). @return as
+ *  backward; row-parallel, x A_r^T summed in forward. Set layer->lora_dropout after this call:
+ *  with every rank's context on the same seed, the ranks draw one device's mask (column-parallel,
+ *  the same on every rank; row-parallel, each rank its columns of it). @return as
  *  dtr_linear_layer_add_lora. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_tp_linear_add_lora(dtr_tp_linear *layer, dtr_model *m, int rank, float alpha);
 /** Folds this rank's part of the adapter into its shard of the weight (W_r += (alpha / rank)
@@ -172,12 +173,17 @@ DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear 
 
 /** Self-attention with its heads split over the group: rank r computes heads
  *  r * heads / tp .. with a column-parallel qkv (its rows of the q, k and v blocks) and a
- *  row-parallel proj. Parameters and `causal` as dtr_attention_layer's. */
+ *  row-parallel proj. Parameters, `causal` and the dropouts as dtr_attention_layer's: each rank
+ *  draws its heads' share of the weights' mask one device would draw (mask_heads), and the
+ *  output's dropout, after the reduce, is replicated; with every rank's context on the same
+ *  seed, training with dropout gives one device's masks and values. */
 typedef struct dtr_tp_attention {
     dtr_tp_linear qkv, proj;
     int64_t dim;
     int heads, local_heads;    /**< all heads, and this rank's (heads / tp) */
     int causal;                /**< 1 (init's): causal; 0: every position sees every other */
+    float dropout;             /**< on the attention weights while training; 0 from init */
+    float resid_dropout;       /**< on the output while training; 0 from init */
 } dtr_tp_attention;
 
 /** Declares the attention `name` on m. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
@@ -214,12 +220,13 @@ DTR_API dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_
 DTR_API dtr_tensor *dtr_tp_embedding_forward(dtr_context *ctx, const dtr_tp_embedding *e, dtr_tensor *ids);
 
 /** A GPT block (pre-norm) with its attention and MLP split over the group: ln1, tensor-parallel
- *  attention, ln2, column-parallel fc, gelu, row-parallel fc_proj. Parameters as
+ *  attention, ln2, column-parallel fc, gelu, row-parallel fc_proj. Parameters and `dropout` as
  *  dtr_gpt_block's (same names and order), the layer norms replicated. */
 typedef struct dtr_tp_gpt_block {
     dtr_layernorm_layer ln1, ln2;
     dtr_tp_attention attn;
     dtr_tp_linear fc, fc_proj;
+    float dropout;
 } dtr_tp_gpt_block;
 
 /** Declares the block `name` on m. @return as dtr_tp_attention_init.
