@@ -8016,8 +8016,9 @@ static void dtr__gemm_ukr_avx512(int64_t kc, const float *a, const float *b, flo
     r0 = t0; r1 = t1; r2 = t2; r3 = t3; r4 = t4; r5 = t5; r6 = t6; r7 = t7;
 
 /** dst[k*ld + i] = src[i*rs + k] for i < rows (zero for rows <= i < width) and k < kb, by 8x8
- *  register transposes; width (6 or 8) lanes are stored per k. Missing rows read row 0 and
- *  are masked to zero afterwards. */
+ *  register transposes; width lanes are stored per k: 8, or 6 with ld 6 (A's panels, whose rows
+ *  are stored whole, in order, each over the next one's first two lanes). Missing rows read
+ *  row 0 and are masked to zero afterwards. */
 DTR__GEMM_TARGET_AVX2
 static void dtr__gemm_transpose8_avx2(const float *src, int64_t rs, int64_t kb, int rows, int width,
                                       float *dst, int64_t ld) {
@@ -8058,11 +8059,14 @@ static void dtr__gemm_transpose8_avx2(const float *src, int64_t rs, int64_t kb, 
             _mm256_storeu_ps(dst + (k + 2) * ld, r2); _mm256_storeu_ps(dst + (k + 3) * ld, r3);
             _mm256_storeu_ps(dst + (k + 4) * ld, r4); _mm256_storeu_ps(dst + (k + 5) * ld, r5);
             _mm256_storeu_ps(dst + (k + 6) * ld, r6); _mm256_storeu_ps(dst + (k + 7) * ld, r7);
-        } else {
-            _mm256_maskstore_ps(dst + (k + 0) * ld, wmask, r0); _mm256_maskstore_ps(dst + (k + 1) * ld, wmask, r1);
-            _mm256_maskstore_ps(dst + (k + 2) * ld, wmask, r2); _mm256_maskstore_ps(dst + (k + 3) * ld, wmask, r3);
-            _mm256_maskstore_ps(dst + (k + 4) * ld, wmask, r4); _mm256_maskstore_ps(dst + (k + 5) * ld, wmask, r5);
-            _mm256_maskstore_ps(dst + (k + 6) * ld, wmask, r6); _mm256_maskstore_ps(dst + (k + 7) * ld, wmask, r7);
+        } else {   /* width 6 = ld: each row's last two lanes spill into the next row's, stored next (masked
+                      stores are slow on AMD's cores); the last row of the panel is masked */
+            _mm256_storeu_ps(dst + (k + 0) * ld, r0); _mm256_storeu_ps(dst + (k + 1) * ld, r1);
+            _mm256_storeu_ps(dst + (k + 2) * ld, r2); _mm256_storeu_ps(dst + (k + 3) * ld, r3);
+            _mm256_storeu_ps(dst + (k + 4) * ld, r4); _mm256_storeu_ps(dst + (k + 5) * ld, r5);
+            _mm256_storeu_ps(dst + (k + 6) * ld, r6);
+            if (k + 8 < kb) _mm256_storeu_ps(dst + (k + 7) * ld, r7);
+            else _mm256_maskstore_ps(dst + (k + 7) * ld, wmask, r7);
         }
     }
     for (; k < kb; k++)
@@ -8081,9 +8085,14 @@ static void dtr__gemm_pack_a_avx2(const float *A, int64_t rsa, int64_t csa, int6
         int rows = (int)dtr__gemm_min64(mr, mb - i0);
         if (csa == 1) {
             dtr__gemm_transpose8_avx2(src, rsa, kb, rows, mr, dst, mr);
-        } else if (rsa == 1) {
+        } else if (rsa == 1) {   /* plain loads and stores where they stay in bounds (see transpose8) */
             __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), lane);
-            for (k = 0; k < kb; k++) _mm256_maskstore_ps(dst + k * mr, wmask, _mm256_maskload_ps(src + k * csa, m));
+            int whole = i0 + 8 <= mb;
+            for (k = 0; k < kb; k++) {
+                __m256 v = whole ? _mm256_loadu_ps(src + k * csa) : _mm256_maskload_ps(src + k * csa, m);
+                if (mr == 8 || k + 1 < kb) _mm256_storeu_ps(dst + k * mr, v);
+                else _mm256_maskstore_ps(dst + k * mr, wmask, v);
+            }
         } else {
             dtr__gemm_pack_a(src, rsa, csa, rows, kb, mr, dst);
         }
@@ -8104,9 +8113,9 @@ static void dtr__gemm_pack_b_avx2(const float *B, int64_t rsb, int64_t csb, int6
         if (csb == 1) {
             __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
             __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
-            for (k = 0; k < kb; k++) {
-                _mm256_storeu_ps(dst + k * 16, _mm256_maskload_ps(src + k * rsb, m0));
-                _mm256_storeu_ps(dst + k * 16 + 8, _mm256_maskload_ps(src + k * rsb + 8, m1));
+            for (k = 0; k < kb; k++) {   /* masked loads only for a panel's missing columns (slow on AMD's cores) */
+                _mm256_storeu_ps(dst + k * 16, cols == 16 ? _mm256_loadu_ps(src + k * rsb) : _mm256_maskload_ps(src + k * rsb, m0));
+                _mm256_storeu_ps(dst + k * 16 + 8, cols == 16 ? _mm256_loadu_ps(src + k * rsb + 8) : _mm256_maskload_ps(src + k * rsb + 8, m1));
             }
         } else if (rsb == 1) {
             for (g = 0; g < 2; g++) {
@@ -8156,7 +8165,8 @@ static void dtr__gemm_pack_b_avx512(const float *B, int64_t rsb, int64_t csb, in
     if ((i) < mv) {                                                                             \
         float *ci = c + (int64_t)(i) * ldc;                                                     \
         if (mode >= 2) {                                                                        \
-            __m256 o0 = _mm256_maskload_ps(ci, m0), o1 = _mm256_maskload_ps(ci + 8, m1);        \
+            __m256 o0 = full ? _mm256_loadu_ps(ci) : _mm256_maskload_ps(ci, m0);                \
+            __m256 o1 = full ? _mm256_loadu_ps(ci + 8) : _mm256_maskload_ps(ci + 8, m1);        \
             if (mode == 2) {                                                                    \
                 c##i##0 = _mm256_add_ps(c##i##0, o0);                                           \
                 c##i##1 = _mm256_add_ps(c##i##1, o1);                                           \
@@ -8169,8 +8179,13 @@ static void dtr__gemm_pack_b_avx512(const float *B, int64_t rsb, int64_t csb, in
             c##i##0 = _mm256_mul_ps(va, c##i##0);                                               \
             c##i##1 = _mm256_mul_ps(va, c##i##1);                                               \
         }                                                                                       \
-        _mm256_maskstore_ps(ci, m0, c##i##0);                                                   \
-        _mm256_maskstore_ps(ci + 8, m1, c##i##1);                                               \
+        if (full) {                                                                             \
+            _mm256_storeu_ps(ci, c##i##0);                                                      \
+            _mm256_storeu_ps(ci + 8, c##i##1);                                                  \
+        } else {                                                                                \
+            _mm256_maskstore_ps(ci, m0, c##i##0);                                               \
+            _mm256_maskstore_ps(ci + 8, m1, c##i##1);                                           \
+        }                                                                                       \
     }
 
 #define DTR__GEMM_AVX2_FMA_ROW(i)                                                               \
@@ -8190,7 +8205,7 @@ static void dtr__gemm_ukr_avx2(int64_t kc, const float *a, const float *b, float
     __m256 va, vb;
     __m256i lane, m0, m1;
     int64_t k;
-    int mode;
+    int mode, full = nv == 16;   /* whole rows: plain loads and stores (masked ones are slow on AMD's cores) */
     for (k = 0; k < kc; k++) {
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), t;
         DTR__GEMM_AVX2_FMA_ROW(0) DTR__GEMM_AVX2_FMA_ROW(1) DTR__GEMM_AVX2_FMA_ROW(2)
@@ -8715,7 +8730,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8719 "dtrain.h"
+#line 8734 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9406,7 +9421,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9410 "dtrain.h"
+#line 9425 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9497,7 +9512,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9501 "dtrain.h"
+#line 9516 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9979,7 +9994,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9983 "dtrain.h"
+#line 9998 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10235,7 +10250,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10239 "dtrain.h"
+#line 10254 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10468,7 +10483,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10472 "dtrain.h"
+#line 10487 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10587,7 +10602,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10591 "dtrain.h"
+#line 10606 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10643,7 +10658,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10647 "dtrain.h"
+#line 10662 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -11072,7 +11087,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 11076 "dtrain.h"
+#line 11091 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11337,7 +11352,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11341 "dtrain.h"
+#line 11356 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11903,7 +11918,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11907 "dtrain.h"
+#line 11922 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -12108,7 +12123,7 @@ void dtr__add_into(dtr__pool *p, float *out, const float *x, int64_t n) {
     j.x = x, j.out = out, j.rows = 1, j.n = n;
     dtr__pool_run(p, n, 16384, dtr__add_range, &j);
 }
-#line 12112 "dtrain.h"
+#line 12127 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13818,7 +13833,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13822 "dtrain.h"
+#line 13837 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14863,7 +14878,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14867 "dtrain.h"
+#line 14882 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -15137,7 +15152,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 15141 "dtrain.h"
+#line 15156 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15538,7 +15553,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15542 "dtrain.h"
+#line 15557 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15683,7 +15698,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 15687 "dtrain.h"
+#line 15702 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16595,7 +16610,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16599 "dtrain.h"
+#line 16614 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -17067,7 +17082,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17071 "dtrain.h"
+#line 17086 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17343,7 +17358,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17347 "dtrain.h"
+#line 17362 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17580,7 +17595,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17584 "dtrain.h"
+#line 17599 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17882,7 +17897,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17886 "dtrain.h"
+#line 17901 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18888,7 +18903,7 @@ dtr_context *dtr__optimizer_context(const dtr_optimizer *o) { return dtr_model_c
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18892 "dtrain.h"
+#line 18907 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -19026,7 +19041,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 19030 "dtrain.h"
+#line 19045 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19373,7 +19388,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19377 "dtrain.h"
+#line 19392 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19439,7 +19454,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19443 "dtrain.h"
+#line 19458 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19676,7 +19691,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19680 "dtrain.h"
+#line 19695 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20425,7 +20440,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20429 "dtrain.h"
+#line 20444 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20878,7 +20893,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20882 "dtrain.h"
+#line 20897 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20934,7 +20949,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20938 "dtrain.h"
+#line 20953 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21776,7 +21791,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21780 "dtrain.h"
+#line 21795 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22357,7 +22372,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22361 "dtrain.h"
+#line 22376 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -22988,7 +23003,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 22992 "dtrain.h"
+#line 23007 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23784,7 +23799,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23788 "dtrain.h"
+#line 23803 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -24137,7 +24152,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 24141 "dtrain.h"
+#line 24156 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24327,7 +24342,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24331 "dtrain.h"
+#line 24346 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24508,7 +24523,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24512 "dtrain.h"
+#line 24527 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -25283,7 +25298,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 25287 "dtrain.h"
+#line 25302 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25800,7 +25815,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25804 "dtrain.h"
+#line 25819 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26595,7 +26610,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26599 "dtrain.h"
+#line 26614 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27843,7 +27858,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27847 "dtrain.h"
+#line 27862 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28465,7 +28480,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28469 "dtrain.h"
+#line 28484 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28966,7 +28981,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 28970 "dtrain.h"
+#line 28985 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29696,7 +29711,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29700 "dtrain.h"
+#line 29715 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29932,7 +29947,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29936 "dtrain.h"
+#line 29951 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -30061,7 +30076,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 30065 "dtrain.h"
+#line 30080 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30511,7 +30526,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30515 "dtrain.h"
+#line 30530 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -31004,7 +31019,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 31008 "dtrain.h"
+#line 31023 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31640,7 +31655,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31644 "dtrain.h"
+#line 31659 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -32146,7 +32161,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 32150 "dtrain.h"
+#line 32165 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33698,7 +33713,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33702 "dtrain.h"
+#line 33717 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33752,7 +33767,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33756 "dtrain.h"
+#line 33771 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34956,7 +34971,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34960 "dtrain.h"
+#line 34975 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35860,7 +35875,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35864 "dtrain.h"
+#line 35879 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37338,7 +37353,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37342 "dtrain.h"
+#line 37357 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37731,7 +37746,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37735 "dtrain.h"
+#line 37750 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37880,7 +37895,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37884 "dtrain.h"
+#line 37899 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

@@ -297,8 +297,9 @@ static void dtr__gemm_ukr_avx512(int64_t kc, const float *a, const float *b, flo
     r0 = t0; r1 = t1; r2 = t2; r3 = t3; r4 = t4; r5 = t5; r6 = t6; r7 = t7;
 
 /** dst[k*ld + i] = src[i*rs + k] for i < rows (zero for rows <= i < width) and k < kb, by 8x8
- *  register transposes; width (6 or 8) lanes are stored per k. Missing rows read row 0 and
- *  are masked to zero afterwards. */
+ *  register transposes; width lanes are stored per k: 8, or 6 with ld 6 (A's panels, whose rows
+ *  are stored whole, in order, each over the next one's first two lanes). Missing rows read
+ *  row 0 and are masked to zero afterwards. */
 DTR__GEMM_TARGET_AVX2
 static void dtr__gemm_transpose8_avx2(const float *src, int64_t rs, int64_t kb, int rows, int width,
                                       float *dst, int64_t ld) {
@@ -339,11 +340,14 @@ static void dtr__gemm_transpose8_avx2(const float *src, int64_t rs, int64_t kb, 
             _mm256_storeu_ps(dst + (k + 2) * ld, r2); _mm256_storeu_ps(dst + (k + 3) * ld, r3);
             _mm256_storeu_ps(dst + (k + 4) * ld, r4); _mm256_storeu_ps(dst + (k + 5) * ld, r5);
             _mm256_storeu_ps(dst + (k + 6) * ld, r6); _mm256_storeu_ps(dst + (k + 7) * ld, r7);
-        } else {
-            _mm256_maskstore_ps(dst + (k + 0) * ld, wmask, r0); _mm256_maskstore_ps(dst + (k + 1) * ld, wmask, r1);
-            _mm256_maskstore_ps(dst + (k + 2) * ld, wmask, r2); _mm256_maskstore_ps(dst + (k + 3) * ld, wmask, r3);
-            _mm256_maskstore_ps(dst + (k + 4) * ld, wmask, r4); _mm256_maskstore_ps(dst + (k + 5) * ld, wmask, r5);
-            _mm256_maskstore_ps(dst + (k + 6) * ld, wmask, r6); _mm256_maskstore_ps(dst + (k + 7) * ld, wmask, r7);
+        } else {   /* width 6 = ld: each row's last two lanes spill into the next row's, stored next (masked
+                      stores are slow on AMD's cores); the last row of the panel is masked */
+            _mm256_storeu_ps(dst + (k + 0) * ld, r0); _mm256_storeu_ps(dst + (k + 1) * ld, r1);
+            _mm256_storeu_ps(dst + (k + 2) * ld, r2); _mm256_storeu_ps(dst + (k + 3) * ld, r3);
+            _mm256_storeu_ps(dst + (k + 4) * ld, r4); _mm256_storeu_ps(dst + (k + 5) * ld, r5);
+            _mm256_storeu_ps(dst + (k + 6) * ld, r6);
+            if (k + 8 < kb) _mm256_storeu_ps(dst + (k + 7) * ld, r7);
+            else _mm256_maskstore_ps(dst + (k + 7) * ld, wmask, r7);
         }
     }
     for (; k < kb; k++)
@@ -362,9 +366,14 @@ static void dtr__gemm_pack_a_avx2(const float *A, int64_t rsa, int64_t csa, int6
         int rows = (int)dtr__gemm_min64(mr, mb - i0);
         if (csa == 1) {
             dtr__gemm_transpose8_avx2(src, rsa, kb, rows, mr, dst, mr);
-        } else if (rsa == 1) {
+        } else if (rsa == 1) {   /* plain loads and stores where they stay in bounds (see transpose8) */
             __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(rows), lane);
-            for (k = 0; k < kb; k++) _mm256_maskstore_ps(dst + k * mr, wmask, _mm256_maskload_ps(src + k * csa, m));
+            int whole = i0 + 8 <= mb;
+            for (k = 0; k < kb; k++) {
+                __m256 v = whole ? _mm256_loadu_ps(src + k * csa) : _mm256_maskload_ps(src + k * csa, m);
+                if (mr == 8 || k + 1 < kb) _mm256_storeu_ps(dst + k * mr, v);
+                else _mm256_maskstore_ps(dst + k * mr, wmask, v);
+            }
         } else {
             dtr__gemm_pack_a(src, rsa, csa, rows, kb, mr, dst);
         }
@@ -385,9 +394,9 @@ static void dtr__gemm_pack_b_avx2(const float *B, int64_t rsb, int64_t csb, int6
         if (csb == 1) {
             __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
             __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
-            for (k = 0; k < kb; k++) {
-                _mm256_storeu_ps(dst + k * 16, _mm256_maskload_ps(src + k * rsb, m0));
-                _mm256_storeu_ps(dst + k * 16 + 8, _mm256_maskload_ps(src + k * rsb + 8, m1));
+            for (k = 0; k < kb; k++) {   /* masked loads only for a panel's missing columns (slow on AMD's cores) */
+                _mm256_storeu_ps(dst + k * 16, cols == 16 ? _mm256_loadu_ps(src + k * rsb) : _mm256_maskload_ps(src + k * rsb, m0));
+                _mm256_storeu_ps(dst + k * 16 + 8, cols == 16 ? _mm256_loadu_ps(src + k * rsb + 8) : _mm256_maskload_ps(src + k * rsb + 8, m1));
             }
         } else if (rsb == 1) {
             for (g = 0; g < 2; g++) {
@@ -437,7 +446,8 @@ static void dtr__gemm_pack_b_avx512(const float *B, int64_t rsb, int64_t csb, in
     if ((i) < mv) {                                                                             \
         float *ci = c + (int64_t)(i) * ldc;                                                     \
         if (mode >= 2) {                                                                        \
-            __m256 o0 = _mm256_maskload_ps(ci, m0), o1 = _mm256_maskload_ps(ci + 8, m1);        \
+            __m256 o0 = full ? _mm256_loadu_ps(ci) : _mm256_maskload_ps(ci, m0);                \
+            __m256 o1 = full ? _mm256_loadu_ps(ci + 8) : _mm256_maskload_ps(ci + 8, m1);        \
             if (mode == 2) {                                                                    \
                 c##i##0 = _mm256_add_ps(c##i##0, o0);                                           \
                 c##i##1 = _mm256_add_ps(c##i##1, o1);                                           \
@@ -450,8 +460,13 @@ static void dtr__gemm_pack_b_avx512(const float *B, int64_t rsb, int64_t csb, in
             c##i##0 = _mm256_mul_ps(va, c##i##0);                                               \
             c##i##1 = _mm256_mul_ps(va, c##i##1);                                               \
         }                                                                                       \
-        _mm256_maskstore_ps(ci, m0, c##i##0);                                                   \
-        _mm256_maskstore_ps(ci + 8, m1, c##i##1);                                               \
+        if (full) {                                                                             \
+            _mm256_storeu_ps(ci, c##i##0);                                                      \
+            _mm256_storeu_ps(ci + 8, c##i##1);                                                  \
+        } else {                                                                                \
+            _mm256_maskstore_ps(ci, m0, c##i##0);                                               \
+            _mm256_maskstore_ps(ci + 8, m1, c##i##1);                                           \
+        }                                                                                       \
     }
 
 #define DTR__GEMM_AVX2_FMA_ROW(i)                                                               \
@@ -471,7 +486,7 @@ static void dtr__gemm_ukr_avx2(int64_t kc, const float *a, const float *b, float
     __m256 va, vb;
     __m256i lane, m0, m1;
     int64_t k;
-    int mode;
+    int mode, full = nv == 16;   /* whole rows: plain loads and stores (masked ones are slow on AMD's cores) */
     for (k = 0; k < kc; k++) {
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), t;
         DTR__GEMM_AVX2_FMA_ROW(0) DTR__GEMM_AVX2_FMA_ROW(1) DTR__GEMM_AVX2_FMA_ROW(2)
