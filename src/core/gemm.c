@@ -27,11 +27,15 @@
  * prefetching the next 8 rows as it goes: a product of one row (a generation step's linear
  * layers, W^T) packs the whole weight from memory each call, and the rows' starts were stalls
  * (decoding the small GPT: 13.3-15.3 -> 8.1-10.8 ms a token on this project's 2-vCPU machine).
+ * The avx2 kernel runs on AMD's cores too (Zen 4 in a VM that hides AVX-512: 32 KiB L1d, 1 MiB
+ * L2), where masked moves (vmaskmovps) are slow: full tiles and panels use plain loads and
+ * stores, masks only a partial one (1 thread: 0.74-0.84x OpenBLAS's Zen kernels before, 1.03-
+ * 1.07x after; large squares stay about 10% behind, and other MC, KC, NC did not help them).
  * The environment variable DTRAIN_GEMM_KERNEL=avx512|avx2|neon|generic forces a kernel (for
  * tests and benchmarks; an unsupported choice is ignored).
  *
  * Edge tiles (M, N not multiples of MR, NR) run the same micro-kernel on zero-padded panels
- * and store through masks, so every element of C is computed by exactly the same sequence
+ * and store through masks (their part of the tile only), so every element of C is computed by exactly the same sequence
  * of operations wherever it lies: an FMA chain over k inside each KC block (the K blocking
  * depends only on K), then C = alpha * acc + beta * C with beta = 1 after the first block.
  * Threads split C into column (or row) slabs of whole panels, each worker packing its own
