@@ -2942,8 +2942,9 @@ static dtr_result dtr__cuda_upsample_bwd(dtr_context *ctx, dtr__node *nd) {
  * the keys the tile sees), a row kernel turns them into probabilities P (with each row's
  * log-sum-exp), and y = P v is a second GEMM. Backward recomputes P from lse: dP = dy v^T,
  * dS = P (dP - rowsum(dy y)) scale, dq += dS k, dk += dS^T q, dv += P^T dy, all GEMMs. Dropout
- * (training) runs here only: the row kernels multiply P by the CPU's mask (each element's draw
- * found by jumping the stream) in forward and again in backward (dv from P m, dS from dP m).
+ * (training): the row kernels multiply P by the CPU's mask (each element's draw found by
+ * jumping the stream) in forward and again in backward (dv from P m, dS from dP m); the fused
+ * kernels below do the same, a lane jumping once and then stepping along its keys or rows.
  * Memory: two B x H x n x L tiles in the context's scratch, n <= DTR__ATT_TILE rows and at
  * most DTR__ATT_SCRATCH floats each, never Tq x Tk per head; the step keeps only lse. Sums are
  * cuBLAS's and fixed trees: runs repeat bit for bit; no atomics.
@@ -2980,7 +2981,7 @@ typedef struct dtr__cuda_att {
     int64_t qs;                        /* causal: the key position of query 0 (q_start) */
     const int32_t *len;                /* key_lengths (B) on the device, or NULL: every key */
     float scale;
-    float drop;                        /* the weights' dropout (0: none; the tiled kernels) and its draws */
+    float drop;                        /* the weights' dropout (0: none) and its mask's draws */
     dtr__draws draws;
     dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
     int64_t es;                        /* bytes of one of them */
@@ -3018,13 +3019,22 @@ __device__ static int64_t dtr__cuda_att_seen(const dtr__cuda_att &a, const dtr__
     return n < k ? n : k;
 }
 
-/* the dropout mask's value (0 or 1 / (1 - p); 1 without dropout) at key j of query row t of item
-   z: element ((z Tq + t) Tk + j) of the mask over (B, H, Tq, Tk), the CPU's draw */
+/* the generator's state at the dropout draw of key j of query row t of item z: element
+   ((z Tq + t) Tk + j) of the mask over (B, H, Tq, Tk), the CPU's draw; the next key's draw
+   follows it (dtr__f_pcg_next), the next row's is Tk draws on */
+__device__ static uint64_t dtr__cuda_att_state(const dtr__cuda_att &a, int64_t z, int64_t t, int64_t j) {
+    return dtr__f_pcg_at(a.draws.rng.state, a.draws.rng.inc, (z * a.Tq + t) * a.Tk + j, a.draws.width, a.draws.cols, a.draws.col0);
+}
+/* the dropout mask's value at the state's draw (0 or 1 / (1 - p)), stepping it */
+__device__ static float dtr__cuda_att_draw(const dtr__cuda_att &a, uint64_t *st) {
+    return dtr__f_dropout_mask(dtr__f_pcg_next(st, a.draws.rng.inc), a.drop);
+}
+/* the mask's value at key j of row t of item z (1 without dropout) */
 __device__ static float dtr__cuda_att_mask(const dtr__cuda_att &a, int64_t z, int64_t t, int64_t j) {
+    uint64_t st;
     if (a.drop == 0.0f) return 1.0f;
-    uint64_t st = dtr__f_pcg_at(a.draws.rng.state, a.draws.rng.inc, (z * a.Tq + t) * a.Tk + j, a.draws.width, a.draws.cols,
-                                a.draws.col0);
-    return dtr__f_dropout_mask(dtr__f_pcg_next(&st, a.draws.rng.inc), a.drop);
+    st = dtr__cuda_att_state(a, z, t, j);
+    return dtr__cuda_att_draw(a, &st);
 }
 
 /* flags (the context's error word) the first key length outside [1, Tk] */
@@ -3337,14 +3347,16 @@ __device__ static void dtr__cuda_fa_rows(float *dst, int ld, const typename dtr_
 }
 
 /* Online softmax of the warp's rows against keys k0.. (of nk), two lanes a row (32 keys each):
-   the new maximum m and sum l, the factor alpha the earlier output is scaled by, P (the tiles' type) into sp's rows */
+   the new maximum m and sum l, the factor alpha the earlier output is scaled by, P (the tiles' type;
+   times the dropout mask of item z) into sp's rows */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_softmax(const float *ss, void *sp, float *sm, float *sl, float *sa, const dtr__cuda_att &a,
-                                           int64_t q0, int64_t k0, int64_t nk, int w16, int lane) {
+                                           int64_t z, int64_t q0, int64_t k0, int64_t nk, int w16, int lane) {
     const int LS = dtr__fa<O, D>::LS;
     int r = w16 + lane / 2, j0 = (lane & 1) * 32;
     int64_t t = q0 + r;
     float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
+    uint64_t st = a.drop != 0.0f ? dtr__cuda_att_state(a, z, t, k0 + j0) : 0u;   /* dropout: the lane's 32 draws in a row */
     dtr__cuda_mem P = {sp, dtr__fa_op<O>::dt};
     for (int j = j0; j < j0 + 32; j++)
         if ((!a.causal || k0 + j <= a.qs + t) && k0 + j < nk) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
@@ -3353,7 +3365,7 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, void *sp, float *sm
     alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
     for (int j = j0; j < j0 + 32; j++) {
         float p = (!a.causal || k0 + j <= a.qs + t) && k0 + j < nk && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
-        P.st(r * dtr__fa<O, D>::LD + j, p);
+        P.st(r * dtr__fa<O, D>::LD + j, a.drop != 0.0f ? p * dtr__cuda_att_draw(a, &st) : p);   /* the sum is the kept and dropped */
         sum += p;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -3417,7 +3429,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
             __syncthreads();
             dtr__cuda_fa_rows<O, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
-            dtr__cuda_fa_softmax<O, D>(ss, sk, sm, sl, sa, a, q0, k0, nk, w16, lane);
+            dtr__cuda_fa_softmax<O, D>(ss, sk, sm, sl, sa, a, z, q0, k0, nk, w16, lane);
             __syncwarp();
             dtr__cuda_fa_rescale<O, D>(o, ss, sa, w16, lane);
             dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_KEYS>(o, sk + w16 * LD, LD, sv, LD);   /* += P v */
@@ -3453,6 +3465,24 @@ template <int O, typename F> __device__ static void dtr__cuda_fa_pack(float *dst
     __syncwarp();
 }
 
+/* The dropout mask's values of 16 elements of item z from key j of row t on (1 without dropout):
+   along the keys (j, j + 1, ..; one jump, then the draws in order) or along the rows (t, t + 1,
+   ..; one jump, then Tk draws on each time: an affine step of the state, s' = mul s + add) */
+__device__ static void dtr__cuda_fa_masks(float *m, const dtr__cuda_att &a, int64_t z, int64_t t, int64_t j, int along_rows) {
+    uint64_t st, add, mul, s1;
+    if (a.drop == 0.0f) {
+        for (int i = 0; i < 16; i++) m[i] = 1.0f;
+        return;
+    }
+    st = dtr__cuda_att_state(a, z, t, j);
+    add = dtr__f_pcg_advance(0u, a.draws.rng.inc, (uint64_t)a.Tk), mul = dtr__f_pcg_advance(1u, a.draws.rng.inc, (uint64_t)a.Tk) - add;
+    for (int i = 0; i < 16; i++) {
+        s1 = st;
+        m[i] = dtr__cuda_att_draw(a, along_rows ? &s1 : &st);
+        if (along_rows) st = mul * st + add;
+    }
+}
+
 /* acc[0..D/16) (16 x D, f32) into the gradient rows r0.. of a head of g (B, T, C): its first
    row's D values at head, rows C apart; added, rows past T left alone; staged 32 columns at a
    time through the warp's f32 rows st */
@@ -3483,27 +3513,31 @@ __device__ static void dtr__cuda_fa_queries(typename dtr__fa_op<O>::E *sq, typen
 }
 
 /* One step of dk, dv for the warp's 16 keys key.. (rows of sk, sv; of the item's nk) against 32 queries q0..
-   (sq, sg, sl, sd): S^T = k q^T, P^T (tiles' type, over p16), dv += P^T dO, dP^T = v dO^T
-   (over p16), dS^T = P^T (dP^T - Drow) scale (tiles' type, over s16), dk += dS^T q. */
+   of q head zq (sq, sg, sl, sd): S^T = k q^T, P^T m (tiles' type, over p16; m the dropout mask,
+   1 without), dv += P^T m dO, dP^T = v dO^T (over p16), dS^T = P^T (dP^T m - Drow) scale (tiles'
+   type, over s16), dk += dS^T q. */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> *dv, float *s16, float *p16,
                                             const typename dtr__fa_op<O>::E *sk, const typename dtr__fa_op<O>::E *sv,
                                             const typename dtr__fa_op<O>::E *sq, const typename dtr__fa_op<O>::E *sg, const float *sl,
-                                            const float *sd, const dtr__cuda_att &a, int64_t key, int64_t nk, int64_t q0, int lane) {
+                                            const float *sd, const dtr__cuda_att &a, int64_t zq, int64_t key, int64_t nk, int64_t q0,
+                                            int lane) {
     typedef typename dtr__fa_op<O>::E E;
     const int LD = dtr__fa<O, D>::LD, PL = dtr__fa<O, D>::PL;
+    float mk[16];   /* the lane's query against the warp's 16 keys */
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
         return (!a.causal || a.qs + q0 + j >= key + i) && q0 + j < a.Tq && key + i < nk ? expf(s * a.scale - sl[j]) : 0.0f;
     };
+    dtr__cuda_fa_masks(mk, a, zq, q0 + lane, key, 0);
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
-    dtr__cuda_fa_pack<O>(p16, s16, lane, prob);
+    dtr__cuda_fa_pack<O>(p16, s16, lane, [&](int i, int j, float s) { return prob(i, j, s) * mk[i]; });
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dv, (const E *)p16, PL, sg, LD);
     __syncwarp();
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
     __syncwarp();
     for (int i = 0; i < 16; i++)
-        p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) * (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
+        p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) * (p16[i * DTR__FA_LQ + lane] * mk[i] - sd[lane]) * a.scale;
     __syncwarp();
     dtr__cuda_fa_pack<O>(s16, p16, lane, [](int, int, float v) { return v; });
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dk, (const E *)s16, PL, sq, LD);
@@ -3534,7 +3568,8 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
             for (int64_t q0 = a.causal && k0 > a.qs ? k0 - a.qs : 0; q0 < a.Tq && k0 < nk; q0 += DTR__FA_STEP) {   /* padding keys: 0 */
                 dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, b * a.H + g * a.rep + r, q0);
                 __syncthreads();
-                dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, nk, q0, lane);
+                dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, b * a.H + g * a.rep + r,
+                                            k0 + w16, nk, q0, lane);
                 __syncthreads();   /* before the next step's tiles */
             }
         dtr__cuda_fa_add<O, D>(GK, dk, s16, a.Tk, a.Ck, b * a.Tk * a.Ck + g * D, k0 + w16, lane);
@@ -3543,20 +3578,22 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
     }
 }
 
-/* One step of dq for the warp's 16 queries query.. (rows of sq, sg; sl, sd from row w16)
-   against 32 keys k0.. (sk, sv; of the item's nk): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (tiles'
-   type, over s16), dq += dS k. */
+/* One step of dq for the warp's 16 queries query.. of item z (rows of sq, sg; sl, sd from row w16)
+   against 32 keys k0.. (sk, sv; of the item's nk): S = q k^T, dP = dO v^T, dS = P (dP m - Drow) scale
+   (tiles' type, over s16; m the dropout mask, 1 without), dq += dS k. */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc<O> *dq, float *s16, float *p16, const typename dtr__fa_op<O>::E *sq,
                                            const typename dtr__fa_op<O>::E *sg, const typename dtr__fa_op<O>::E *sk,
                                            const typename dtr__fa_op<O>::E *sv, const float *sl, const float *sd,
-                                           const dtr__cuda_att &a, int64_t query, int64_t k0, int64_t nk, int lane) {
+                                           const dtr__cuda_att &a, int64_t z, int64_t query, int64_t k0, int64_t nk, int lane) {
+    float mk[16];   /* the warp's 16 queries against the lane's key */
+    dtr__cuda_fa_masks(mk, a, z, query, k0 + lane, 1);
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
     dtr__cuda_fa_pack<O>(s16, p16, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
         bool live = (!a.causal || k0 + j <= a.qs + query + i) && query + i < a.Tq && k0 + j < nk;
-        return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
+        return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp * mk[i] - sd[i]) * a.scale : 0.0f;
     });
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dq, (const typename dtr__fa_op<O>::E *)s16, dtr__fa<O, D>::PL, sk,
                                                                      dtr__fa<O, D>::LD);
@@ -3584,7 +3621,8 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
             dtr__cuda_fa_load<O, D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H / a.rep, k0, kend);
             dtr__cuda_fa_load<O, D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H / a.rep, k0, kend);
             __syncthreads();
-            dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, nk, lane);
+            dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, z, q0 + w16, k0, nk,
+                                       lane);
             __syncthreads();
         }
         dtr__cuda_fa_add<O, D>(GQ, dq, s16, a.Tq, a.C, z / a.H * a.Tq * a.C + z % a.H * D, q0 + w16, lane);
@@ -3663,16 +3701,15 @@ static dtr_dtype dtr__cuda_fa_dtype(int o) { return o == DTR__FA_BF16 ? DTR_BF16
 /* 1 when f32 q, k, v go to 16-bit tiles: rounded into dense copies first (dtr__cuda_fa_inputs) */
 static int dtr__cuda_fa_rounds(const dtr__cuda_att *a) { return a->p == DTR_F32 && a->fa < DTR__FA_TF32; }
 
-/* 1 when the fused kernels take the node: no dropout (the tiled kernels draw its mask), a kind and
-   head width of theirs this device runs, 16-byte aligned q, k, v with strides of whole 16 bytes
-   (the tiles' loads; rounded copies are) */
+/* 1 when the fused kernels take the node: a kind and head width of theirs this device runs,
+   16-byte aligned q, k, v with strides of whole 16 bytes (the tiles' loads; rounded copies are) */
 static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a) {
     int aligned = 1;
     int64_t v = 16 / a->es;   /* elements in 16 bytes */
     for (int i = 0; i < 3 && !dtr__cuda_fa_rounds(a); i++)
         aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0 && a->sb[i] % v == 0 && a->sr[i] % v == 0;
     aligned &= ((uintptr_t)nd->out->grad & 15) == 0;   /* dy as it is (f32 tiles) */
-    return a->drop == 0.0f && a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> DTR__FA_BIT(a->fa, a->D) & 1) && aligned;
+    return a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> DTR__FA_BIT(a->fa, a->D) & 1) && aligned;
 }
 
 /* The fused kernels' q, k, v (x[0..3)) and, for backward, dy (x[3]) in the tiles' type: as they
@@ -3820,7 +3857,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3824 "dtrain_cuda.cu"
+#line 3861 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -4322,5 +4359,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4326 "dtrain_cuda.cu"
+#line 4363 "dtrain_cuda.cu"
 

@@ -796,7 +796,8 @@ static const op_case CASES[] = {
      2, NULL},
     /* dropout on the weights (its mask drawn again in backward): small ones with finite
        differences (grouped-query heads, a share of a wider layer's mask), then the GPU's tiled
-       kernels over two tiles of queries and at head width 64 (where the fused ones would run) */
+       kernels over two tiles of queries, and its fused ones (head widths 64 and 32: causal, cross
+       with a share of a wider mask, grouped-query) */
     {"attention, dropout 0.3", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_drop, {0, 0, 0}, 0, NULL},
     {"causal attention, dropout 0.3, heads 3 and 4 of a mask of 6", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_drop,
      {1, 0, 4}, 0, NULL},
@@ -806,6 +807,10 @@ static const op_case CASES[] = {
      {0, 0, 0}, 2, NULL},
     {"causal attention, dropout 0.3, head width 64", 3, {IN3(1, 100, 128), IN3(1, 100, 128), IN3(1, 100, 128)}, b_attention_drop,
      {1, 0, 0}, 2, NULL},
+    {"cross-attention, dropout 0.3, head width 64, 70 queries, 150 keys, heads 2 and 3 of a mask of 6", 3,
+     {IN3(2, 70, 128), IN3(2, 150, 128), IN3(2, 150, 128)}, b_attention_drop, {0, 0, 3}, 2, NULL},
+    {"causal grouped-query attention, dropout 0.3, head width 32, 4 heads, 2 kv heads", 3,
+     {IN3(1, 100, 128), IN3(1, 100, 64), IN3(1, 100, 64)}, b_attention_drop, {1, 2, 0}, 2, NULL},
     /* queries from a key position on (KV-cache steps): small ones with finite differences (a
        decoding step of one query among them), two CPU tiles; then the GPU's fused kernels (key
        blocks past the queries' reach, a decoding step, grouped-query) and tiled ones (head width 4) */
