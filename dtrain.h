@@ -13447,7 +13447,7 @@ dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     nd->saved = m;
     for (r = 0; r < N; r += d->width) {   /* a row's draws follow one another */
         dtr_rng rng = dtr__draws_at(d, r);
-        for (i = r; i < N && i < r + d->width; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
+        for (i = r; i < N && i < r + d->width; i++) m[i] = dtr__f_dropout_mask(dtr__f_pcg_next(&rng.state, rng.inc), p);
     }
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
@@ -13724,7 +13724,7 @@ static void dtr__att_dscore(const dtr__att_job *j, int64_t bh, int64_t t0, int64
         }
         rng = dtr__draws_at(&j->draws, (bh * j->Tq + t0 + r) * j->Tk);
         for (c = 0; c < nk; c++) {
-            float m = dtr__f_dropout_mask(dtr_rng_u32(&rng), j->drop);
+            float m = dtr__f_dropout_mask(dtr__f_pcg_next(&rng.state, rng.inc), j->drop);
             if (dp) dp[c] = p[c] * (dp[c] * m - (float)dy) * j->scale;
             p[c] *= m;
         }

@@ -11,7 +11,10 @@
  * 12 L T C per token, as llm.c counts). Random data: throughput, not learning.
  * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N]
  *            [--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads]
- *            [--release-activations] [--graph] [--bf16-act] [--lora R]
+ *            [--release-activations] [--graph] [--bf16-act] [--lora R] [--dropout P]
+ * --dropout P: the GPT blocks' dropout (dtr_gpt_block.dropout: attention weights and both
+ * residual branches) and the Llama blocks' attention_dropout, beside gpu_torch.py --dropout P
+ * (nanoGPT's dropout; SDPA's dropout_p): what drawing the masks costs.
  * --lora R: fine-tuning with LoRA adapters of rank R (alpha 2R) on the attention's input
  * projections (GPT: qkv; Llama: q and v, PEFT's defaults) and everything else frozen, beside
  * gpu_torch.py --lora R (the same adapters on PyTorch modules); optimizer_state_mb: AdamW's
@@ -36,6 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static float g_dropout;       /* --dropout P: the blocks' dropout while training */
 
 static double now_s(void) {
     struct timespec ts;
@@ -92,6 +97,7 @@ static dtr_result net_init(net *n, const bench_model *b) {
     for (i = 0; r == DTR_OK && b->kind == 3 && i < b->layers; i++) {
         snprintf(name, sizeof name, "layers.%d", i);
         r = dtr_llama_block_init(&n->lh[i], m, name, b->dim, (int)b->heads, (int)b->kv_heads, b->hidden);
+        n->lh[i].attention_dropout = g_dropout;
     }
     if (b->kind == 3) {
         if (r == DTR_OK) r = dtr_rmsnorm_layer_init(&n->norm, m, "norm", b->dim);
@@ -101,6 +107,7 @@ static dtr_result net_init(net *n, const bench_model *b) {
     for (i = 0; r == DTR_OK && i < b->layers; i++) {
         snprintf(name, sizeof name, "h.%d", i);
         r = dtr_gpt_block_init(&n->h[i], m, name, b->dim, (int)b->heads);
+        n->h[i].dropout = g_dropout;
     }
     if (r == DTR_OK) r = dtr_layernorm_layer_init(&n->ln_f, m, "ln_f", b->dim);
     if (r == DTR_OK) r = dtr_linear_layer_init(&n->head, m, "head", b->dim, b->vocab, 0, DTR_INIT_TORCH_DEFAULT);
@@ -276,10 +283,11 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         if (is_lm(b)) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
                "\"tf32\":%d,\"bf16\":%d,\"bf16_act\":%d,\"graph\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
-               "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f,\"lora\":%d,\"optimizer_state_mb\":%.2f}\n",
+               "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f,\"lora\":%d,\"dropout\":%.2f,\"optimizer_state_mb\":%.2f}\n",
                bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_bf16_act, g_graph, g_retain, g_release, per * 1e3, best * 1e3, is_lm(b) ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
-               (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0, is_lm(b) ? g_lora : 0, (double)dtr_optimizer_state_bytes(opt) / 1048576.0);
+               (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0, is_lm(b) ? g_lora : 0, is_lm(b) ? (double)g_dropout : 0.0,
+               (double)dtr_optimizer_state_bytes(opt) / 1048576.0);
     }
     dtr_metrics_destroy(met);
     dtr_graph_destroy(graph);
@@ -313,9 +321,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--graph")) g_graph = 1;
         else if (!strcmp(argv[i], "--bf16-act")) g_bf16_act = 1;
         else if (!strcmp(argv[i], "--lora") && i + 1 < argc) g_lora = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dropout") && i + 1 < argc) g_dropout = (float)atof(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N] "
-                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph] [--bf16-act] [--lora R]\n");
+                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph] [--bf16-act] [--lora R] [--dropout P]\n");
             return 2;
         }
     }

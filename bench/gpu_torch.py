@@ -25,8 +25,9 @@ MODELS = {
 }
 
 
-def build(torch, spec):
+def build(torch, spec, drop=0.0):
     nn = torch.nn
+    F = torch.nn.functional
     if spec["kind"] == 0:
         return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
     if spec["kind"] == 1:
@@ -47,8 +48,9 @@ def build(torch, spec):
             q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
             att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
             att = att.masked_fill(torch.ones(T, T, device=x.device, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-            x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
-            return x + self.fc_proj(torch.nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+            att = F.dropout(att, drop, self.training)   # --dropout: nanoGPT's three places
+            x = x + F.dropout(self.proj((att @ v).transpose(1, 2).reshape(B, T, C)), drop, self.training)
+            return x + F.dropout(self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), drop, self.training)
 
     class GPT(nn.Module):
         def __init__(self, s):
@@ -88,7 +90,8 @@ def build(torch, spec):
             q = self.q(h).view(B, T, self.H, self.D).transpose(1, 2)
             k = self.k(h).view(B, T, self.Hk, self.D).transpose(1, 2)
             v = self.v(h).view(B, T, self.Hk, self.D).transpose(1, 2)
-            y = torch.nn.functional.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True, enable_gqa=True)
+            y = F.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True, enable_gqa=True,
+                                               dropout_p=drop if self.training else 0.0)
             x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
             h = self.n2(x)
             return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
@@ -134,7 +137,7 @@ def add_lora(torch, model, spec, r):
 def run(torch, name, spec, args, compile_):
     dev = args.backend
     torch.manual_seed(1)
-    model = build(torch, spec)
+    model = build(torch, spec, args.dropout if spec["kind"] >= 2 else 0.0)
     lora = args.lora if spec["kind"] >= 2 else 0
     if lora:
         add_lora(torch, model, spec, lora)
@@ -173,6 +176,7 @@ def run(torch, name, spec, args, compile_):
             ("tokens_per_s" if spec["kind"] >= 2 else "samples_per_s"): round(items / per, 1),
             "mfu": round(flops * items / per / (args.peak_tflops * 1e12), 4) if flops else 0.0,
             "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev == "cuda" else 0.0, "lora": lora,
+            "dropout": args.dropout if spec["kind"] >= 2 else 0.0,
             "optimizer_state_mb": round(sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
                                             if torch.is_tensor(t) and t.dim() > 0) / 2**20, 2)}
     print(json.dumps(line), flush=True)
@@ -194,6 +198,7 @@ def main():
     p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--lora", type=int, default=0)
+    p.add_argument("--dropout", type=float, default=0.0)   # the GPT's dropout (nanoGPT's), the Llama's SDPA dropout_p
     args = p.parse_args()
     try:
         import torch
