@@ -64,7 +64,9 @@ static dtr_tensor *gen_forward(dtr_context *ctx, gen_model *g, const int32_t *id
 
 /* The whole sequence (B 2, N 10) once, then through a cache: the prompt's 5 positions as 3 + 2,
    then a position a step, each step's logits against the whole's at its positions; after
-   dtr_kv_cache_reset the same again (the cache's memory reused, nothing stale read). */
+   dtr_kv_cache_reset the same again (the cache's memory reused, nothing stale read). The blocks
+   have dropout 0.5: the whole runs in evaluation mode, the cached steps in training mode (a
+   cache ignores dropout). */
 static void cache_matches(int llama, dtr_dtype act) {
     enum { B = 2, N = 10 };
     static const int64_t pieces[] = {3, 2, 1, 1, 1, 1, 1};
@@ -81,8 +83,11 @@ static void cache_matches(int llama, dtr_dtype act) {
     cc.threads = 2, cc.activation_dtype = act;
     if (dtr_context_create(&cc, &ctx) != DTR_OK) { CHECK(0); free(whole); return; }
     gen_init(ctx, &g, llama);
+    for (i = 0; i < G_LAYERS; i++) *(llama ? &g.l[i].attention_dropout : &g.h[i].dropout) = 0.5f;
     dtr_context_set_grad_enabled(ctx, 0);
+    dtr_context_set_training(ctx, 0);
     CHECK_OK(ctx, dtr_tensor_read(gen_forward(ctx, &g, ids, B, N, 0, NULL), DTR_F32, whole, B * N * G_V));
+    dtr_context_set_training(ctx, 1);
     dtr_context_reset(ctx);
     CHECK_OK(ctx, dtr_kv_cache_create(ctx, G_LAYERS, B, G_CAP, llama ? G_C / 2 : G_C, &kv));
     for (round = 0; round < 2; round++) {

@@ -371,13 +371,13 @@ dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_atten
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_layer_forward: layer is NULL");
     C = l->dim;
     cfg = dtr_attention_config_init(l->heads, l->causal);
-    cfg.dropout = l->dropout;
+    cfg.dropout = cache ? 0.0f : l->dropout;   /* a cache is for generating: no dropout */
     qkv = dtr_linear_layer_forward(ctx, &l->qkv, x);   /* (B, T, 3C) */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
     x = dtr_linear_layer_forward(ctx, &l->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
-    return dtr_dropout(ctx, x, l->resid_dropout);
+    return dtr_dropout(ctx, x, cache ? 0.0f : l->resid_dropout);
 }
 
 dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
@@ -434,7 +434,7 @@ dtr_tensor *dtr_llama_block_forward_cached(dtr_context *ctx, const dtr_llama_blo
     if (!b || !b->heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_llama_block_forward: block is NULL or not initialised");
     cfg = dtr_attention_config_init(b->heads, 1);
     cfg.kv_heads = b->kv_heads;
-    cfg.dropout = b->attention_dropout;
+    cfg.dropout = cache ? 0.0f : b->attention_dropout;
     h = dtr_rmsnorm_layer_forward(ctx, &b->attn_norm, x);
     q = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0, at);
     k = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0, at);
@@ -460,7 +460,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
     x = dtr_add(ctx, x, h);
     h = dtr_layernorm_layer_forward(ctx, &b->ln2, x);
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
-    return dtr_add(ctx, x, dtr_dropout(ctx, h, b->dropout));
+    return dtr_add(ctx, x, dtr_dropout(ctx, h, cache ? 0.0f : b->dropout));
 }
 
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {

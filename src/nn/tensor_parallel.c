@@ -186,14 +186,14 @@ dtr_tensor *dtr_tp_attention_forward_cached(dtr_context *ctx, const dtr_tp_atten
     if (!a || !a->local_heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_attention_forward: layer is NULL or not initialised");
     C = a->dim / a->heads * a->local_heads;   /* this rank's features */
     cfg = dtr_attention_config_init(a->local_heads, a->causal);
-    cfg.dropout = a->dropout;
+    cfg.dropout = cache ? 0.0f : a->dropout;   /* a cache is for generating: no dropout */
     cfg.mask_heads = a->heads, cfg.mask_head0 = a->local_heads * dtr_comm_rank(a->qkv.comm);   /* its share of one mask */
     qkv = dtr_tp_linear_forward(ctx, &a->qkv, x);   /* (B, T, 3C): its q | k | v */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
     x = dtr_tp_linear_forward(ctx, &a->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
-    return dtr_dropout(ctx, x, a->resid_dropout);   /* replicated: the same mask on every rank */
+    return dtr_dropout(ctx, x, cache ? 0.0f : a->resid_dropout);   /* replicated: the same mask on every rank */
 }
 
 dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
@@ -290,7 +290,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
     x = dtr_add(ctx, x, h);
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     h = dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h));
-    return dtr_add(ctx, x, dtr_dropout(ctx, h, b->dropout));
+    return dtr_add(ctx, x, dtr_dropout(ctx, h, cache ? 0.0f : b->dropout));
 }
 
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {

@@ -1358,7 +1358,9 @@ DTR_API dtr_result dtr_kv_cache_append(dtr_kv_cache *c, int layer, dtr_tensor *k
  *  dtr_kv_cache_length(cache, layer) positions the cache holds for `layer`; their k and v are
  *  appended, their queries attend to every position up to their own, and the result equals the
  *  last T rows of the plain forward pass over the whole sequence (Llama's RoPE angles at the
- *  positions too). cache NULL: the plain forward pass. Errors (NULL, the context's error set):
+ *  positions too) in evaluation mode: with a cache the layers' dropout fields are ignored (a
+ *  cache is for generating; training mode left on would otherwise drop). cache NULL: the plain
+ *  forward pass. Errors (NULL, the context's error set):
  *  those of dtr_kv_cache_append, DTR_UNSUPPORTED for a layer that is not causal.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x,
