@@ -31,8 +31,9 @@
  *   --dp, --tp          data-parallel replicas; tensor-parallel ranks per stage (the
  *                       embedding, every block and the head split over them, the
  *                       cross-entropy vocabulary-parallel)
- *   --dropout P         dropout P in every block while training (dtr_gpt_block.dropout: the
- *                       attention weights and both residual branches; default 0); each
+ *   --dropout P         dropout P while training on the embeddings and in every block
+ *                       (dtr_gpt_block.dropout: the attention weights and both residual
+ *                       branches), as nanoGPT's; default 0; each
  *                       replica's context draws its own masks (seed + replica), the tensor
  *                       ranks of a replica their shares of one device's
  *   --checkpoint        recompute each block's activations in backward (dtr_checkpoint):
@@ -180,7 +181,7 @@ static dtr_tensor *gpt_embed(gpt_model *g, dtr_context *ctx, int64_t lo, int64_t
     for (i = 0; i < shape[0] * shape[1]; i++) pos[i] = (int32_t)(i % shape[1]);
     p = dtr_embedding_layer_forward(ctx, &g->wpe, dtr_tensor_from(ctx, DTR_I32, 2, shape, pos));
     free(pos);
-    return dtr_add(ctx, x, p);
+    return dtr_dropout(ctx, dtr_add(ctx, x, p), g->o->dropout);   /* --dropout: nanoGPT's on the embeddings too */
 }
 
 static dtr_tensor *gpt_loss(gpt_model *g, dtr_context *ctx, dtr_tensor *x, int64_t lo, int64_t hi) {
