@@ -48,6 +48,9 @@
  *   test_conv_bands       the input's gradient made a band of output rows at a time (three bands;
  *                         stride 1 and 2) against direct loops in double, the same bits on 1, 2
  *                         and 5 threads (more threads than samples: slabs of pixels, channels)
+ *   test_tied_weights     one parameter read by an embedding and an output head (GPT-2's tied
+ *                         weights), or by an embedding and a matmul: its gradient is the sum of
+ *                         the two uses'.
  *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
  *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
@@ -1232,6 +1235,52 @@ static void test_lora(void) {
     dtr_context_destroy(ctx);
 }
 
+/* Weights tied (GPT-2's token embedding as its output head): one parameter W (V, C) read by an
+   embedding and by a linear layer (logits = h W^T), or by an embedding and a matmul (x W); its
+   gradient is the sum of the two uses' (each taken from an untied copy of W), to 1e-6. */
+enum { TW_V = 11, TW_C = 8, TW_N = 10 };
+
+/* the loss of the net on W_emb and W_out (the same tensor when tied); head 1: cross-entropy of
+   tanh(emb) W_out^T, 0: sum((emb + x W_out) * R) */
+static dtr_tensor *tied_loss(dtr_context *ctx, dtr_tensor *w_emb, dtr_tensor *w_out, int head) {
+    static const int64_t n = TW_N, xs[2] = {TW_N, TW_V};
+    int32_t ids[TW_N], tgt[TW_N];
+    float x[TW_N * TW_V], r[TW_N * TW_C];
+    dtr_tensor *e;
+    int i;
+    for (i = 0; i < TW_N; i++) ids[i] = (int32_t)((i * 7 + 2) % TW_V), tgt[i] = (int32_t)((i * 5 + 1) % TW_V);
+    for (i = 0; i < TW_N * TW_V; i++) x[i] = (float)sin(0.3 * i);
+    for (i = 0; i < TW_N * TW_C; i++) r[i] = (float)cos(0.7 * i);
+    e = dtr_embedding(ctx, w_emb, dtr_tensor_from(ctx, DTR_I32, 1, &n, ids));
+    if (head) return dtr_cross_entropy(ctx, dtr_linear(ctx, dtr_tanh(ctx, e), w_out, NULL), dtr_tensor_from(ctx, DTR_I32, 1, &n, tgt));
+    e = dtr_add(ctx, e, dtr_matmul(ctx, dtr_tensor_from(ctx, DTR_F32, 2, xs, x), w_out));
+    return dtr_sum_all(ctx, dtr_mul(ctx, e, dtr_tensor_from(ctx, DTR_F32, 2, (const int64_t[]){TW_N, TW_C}, r)));
+}
+
+static void test_tied_weights(void) {
+    static const int64_t ws[2] = {TW_V, TW_C};
+    dtr_context *ctx = test_ctx(2);
+    float w[TW_V * TW_C], tied[TW_V * TW_C], g1[TW_V * TW_C], g2[TW_V * TW_C], sum[TW_V * TW_C];
+    int i, head;
+    for (i = 0; i < TW_V * TW_C; i++) w[i] = (float)sin(1.3 * i) * 0.5f;
+    for (head = 0; head < 2; head++) {
+        dtr_tensor *t = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ws, w));
+        dtr_tensor *a = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ws, w));
+        dtr_tensor *b = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ws, w));
+        CHECK_OK(ctx, dtr_backward(ctx, tied_loss(ctx, t, t, head)));
+        CHECK_OK(ctx, dtr_backward(ctx, tied_loss(ctx, a, b, head)));
+        CHECK_OK(ctx, dtr_tensor_read_grad(t, tied, TW_V * TW_C));
+        CHECK_OK(ctx, dtr_tensor_read_grad(a, g1, TW_V * TW_C));
+        CHECK_OK(ctx, dtr_tensor_read_grad(b, g2, TW_V * TW_C));
+        for (i = 0; i < TW_V * TW_C; i++) sum[i] = g1[i] + g2[i];
+        CHECK_MSG(test_rel_gap(tied, sum, TW_V * TW_C) < 1e-6, "tied weights (%s): the gradient is not the two uses' sum (%.3g)",
+                  head ? "embedding and output head" : "embedding and matmul", test_rel_gap(tied, sum, TW_V * TW_C));
+        CHECK(test_rel_gap(g1, g2, TW_V * TW_C) > 1e-2);   /* the two uses' gradients differ: the sum is a test */
+        dtr_context_reset(ctx);
+    }
+    dtr_context_destroy(ctx);
+}
+
 static void test_layer_errors(void) {
     dtr_context *ctx = test_ctx(1);
     dtr_model *m;
@@ -1284,6 +1333,7 @@ int main(void) {
     RUN(test_conv_bands);
     RUN(test_model_lerp);
     RUN(test_lora);
+    RUN(test_tied_weights);
     RUN(test_layer_errors);
     return test_summary();
 }
