@@ -11,7 +11,11 @@
  * compare-and-swap before it runs, and once its own chunk is done the caller runs every
  * chunk that no worker has claimed yet: a worker that is asleep, or whose core is busy
  * with another process (a wake-up on a loaded or virtualised machine can take 100 us),
- * delays nothing. Then the caller waits for the claimed chunks (spin, then sleep).
+ * delays nothing. Then the caller waits for the claimed chunks (spin, then sleep). The
+ * last worker to finish reads whether the caller sleeps under the mutex the caller sleeps
+ * with, never from a bare store-then-load pair across threads: that needs store-load ordering,
+ * which qemu's emulation of AArch64 did not give (test_grad under qemu-aarch64 then hung
+ * about one run in eight, the caller asleep with nobody to wake it).
  *
  * Rules:
  *   - Chunks are contiguous and depend only on n, grain and the pool's thread count, and
@@ -178,9 +182,9 @@ static void *dtr__pool_main(void *argp) {
         }
         dtr__pool_run_chunk(p, w->index);
         last = DTR__ATOMIC_DEC(&p->pending) == 0;
-        if (last && DTR__ATOMIC_LOAD_SC(&p->waiting)) {
+        if (last) {   /* `waiting` read under the mutex (the caller sets it and reads `pending` under it) */
             pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
+            if (DTR__ATOMIC_LOAD_SC(&p->waiting)) pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
         }
 #else
