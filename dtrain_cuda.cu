@@ -3475,11 +3475,14 @@ __device__ static void dtr__cuda_fa_masks(float *m, const dtr__cuda_att &a, int6
         return;
     }
     st = dtr__cuda_att_state(a, z, t, j);
+    if (!along_rows) {
+        for (int i = 0; i < 16; i++) m[i] = dtr__cuda_att_draw(a, &st);
+        return;
+    }
     add = dtr__f_pcg_advance(0u, a.draws.rng.inc, (uint64_t)a.Tk), mul = dtr__f_pcg_advance(1u, a.draws.rng.inc, (uint64_t)a.Tk) - add;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < 16; i++, st = mul * st + add) {
         s1 = st;
-        m[i] = dtr__cuda_att_draw(a, along_rows ? &s1 : &st);
-        if (along_rows) st = mul * st + add;
+        m[i] = dtr__cuda_att_draw(a, &s1);
     }
 }
 
@@ -3857,7 +3860,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3861 "dtrain_cuda.cu"
+#line 3864 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -4359,5 +4362,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4363 "dtrain_cuda.cu"
+#line 4366 "dtrain_cuda.cu"
 

@@ -962,7 +962,7 @@ DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, cons
                                           const int64_t *shape, dtr_init init, float arg);
 /** A layer's attention: dtr_attention_ex(q, k, v, cfg) without a cache (c NULL); with one, k and
  *  v appended to layer's rows and q against all of them, cfg->q_start set to the first new
- *  position (src/nn/generate.c). */
+ *  position and cfg->dropout to 0 (src/nn/generate.c). */
 DTR__PRIVATE dtr_tensor *dtr__kv_attention(dtr_context *ctx, dtr_kv_cache *c, int layer, dtr_tensor *q, dtr_tensor *k,
                                            dtr_tensor *v, dtr_attention_config *cfg);
 /** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a

@@ -540,11 +540,14 @@ __device__ static void dtr__cuda_fa_masks(float *m, const dtr__cuda_att &a, int6
         return;
     }
     st = dtr__cuda_att_state(a, z, t, j);
+    if (!along_rows) {
+        for (int i = 0; i < 16; i++) m[i] = dtr__cuda_att_draw(a, &st);
+        return;
+    }
     add = dtr__f_pcg_advance(0u, a.draws.rng.inc, (uint64_t)a.Tk), mul = dtr__f_pcg_advance(1u, a.draws.rng.inc, (uint64_t)a.Tk) - add;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < 16; i++, st = mul * st + add) {
         s1 = st;
-        m[i] = dtr__cuda_att_draw(a, along_rows ? &s1 : &st);
-        if (along_rows) st = mul * st + add;
+        m[i] = dtr__cuda_att_draw(a, &s1);
     }
 }
 

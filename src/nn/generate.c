@@ -143,6 +143,7 @@ dtr_tensor *dtr__kv_attention(dtr_context *ctx, dtr_kv_cache *c, int layer, dtr_
     if (!cfg->causal)
         return dtr__failt(ctx, DTR_UNSUPPORTED, "dtr_kv_cache: an attention that is not causal (an encoder's) has no cache");
     cfg->q_start = dtr_kv_cache_length(c, layer);
+    cfg->dropout = 0.0f;   /* a cache is for generating: no dropout (the layers leave out their output's too) */
     if (dtr_kv_cache_append(c, layer, k, v, &keys, &values) != DTR_OK) return NULL;
     return dtr_attention_ex(ctx, q, keys, values, cfg);
 }

@@ -371,7 +371,7 @@ dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_atten
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_layer_forward: layer is NULL");
     C = l->dim;
     cfg = dtr_attention_config_init(l->heads, l->causal);
-    cfg.dropout = cache ? 0.0f : l->dropout;   /* a cache is for generating: no dropout */
+    cfg.dropout = l->dropout;
     qkv = dtr_linear_layer_forward(ctx, &l->qkv, x);   /* (B, T, 3C) */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
@@ -434,7 +434,7 @@ dtr_tensor *dtr_llama_block_forward_cached(dtr_context *ctx, const dtr_llama_blo
     if (!b || !b->heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_llama_block_forward: block is NULL or not initialised");
     cfg = dtr_attention_config_init(b->heads, 1);
     cfg.kv_heads = b->kv_heads;
-    cfg.dropout = cache ? 0.0f : b->attention_dropout;
+    cfg.dropout = b->attention_dropout;
     h = dtr_rmsnorm_layer_forward(ctx, &b->attn_norm, x);
     q = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0, at);
     k = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0, at);
