@@ -1001,7 +1001,8 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
  *  stays (its gradient zeros, which data parallelism without ZeRO does not send; in host memory
  *  their pages are given back to the system at the next dtr_model_zero_grad and never read,
- *  so a frozen body's gradient takes no memory on the CPU; a GPU keeps the whole buffer). Takes effect at the next backward and
+ *  so a frozen body's gradient takes no memory on the CPU; on a GPU the device's memory under it is given back
+ *  when this returns, in whole granules of the device's mapping (2 MiB; docs/gpu.md, "Memory")). Takes effect at the next backward and
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
@@ -5058,7 +5059,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 5062 "dtrain.h"
+#line 5063 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5654,6 +5655,18 @@ struct dtr_backend {
        it (and codec) a device model's PowerSGD runs on the device over a group of its memory.
        NULL: through a host copy */
     dtr_result (*powersgd)(dtr_context *ctx, const dtr__psgd_args *a, int phase);
+    /* memory backed only where it is used (the gradient buffer: frozen parameters' gradients
+       take none). mem_reserve hands out `bytes` of backend memory that read as zeros (NULL
+       with the error recorded); mem_back gives such a block memory of its own over the n
+       byte ranges [r[2i], r[2i + 1]) (ascending, disjoint) and takes it back elsewhere, in
+       whole units of the backend's (a GPU's mapping granularity; a backend without them
+       keeps the block whole): afterwards units that kept their memory keep their bytes,
+       newly backed ones and those given back read zeros. Writing zeros where a unit has no
+       memory is allowed; other values there are a bug (they may show in every such unit).
+       mem_back waits for the stream's work; free the block with mem_free. NULL: the core
+       uses mem_alloc and memset0 (dtr_model_build) */
+    void *(*mem_reserve)(dtr_context *ctx, size_t bytes);
+    dtr_result (*mem_back)(dtr_context *ctx, void *block, const size_t *r, int n);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -6051,7 +6064,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 6055 "dtrain.h"
+#line 6068 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -6558,7 +6571,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 6562 "dtrain.h"
+#line 6575 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -6620,7 +6633,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 6624 "dtrain.h"
+#line 6637 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -7000,7 +7013,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 7004 "dtrain.h"
+#line 7017 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -7043,7 +7056,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 7047 "dtrain.h"
+#line 7060 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -7080,7 +7093,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 7084 "dtrain.h"
+#line 7097 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -7139,7 +7152,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 7143 "dtrain.h"
+#line 7156 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -7213,7 +7226,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 7217 "dtrain.h"
+#line 7230 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -7281,7 +7294,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 7285 "dtrain.h"
+#line 7298 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)
@@ -7363,7 +7376,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 7367 "dtrain.h"
+#line 7380 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -7719,7 +7732,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 7723 "dtrain.h"
+#line 7736 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -8744,7 +8757,7 @@ void dtr__gemm_packed(dtr__pool *p, int worker, int64_t M, float alpha, const fl
     if (worker < 0) dtr__gemm_run(p, &j);
     else dtr__gemm_run_on(p, worker, &j);
 }
-#line 8748 "dtrain.h"
+#line 8761 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -9435,7 +9448,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 9439 "dtrain.h"
+#line 9452 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -9526,7 +9539,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 9530 "dtrain.h"
+#line 9543 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -10008,7 +10021,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 10012 "dtrain.h"
+#line 10025 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -10264,7 +10277,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 10268 "dtrain.h"
+#line 10281 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -10497,7 +10510,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 10501 "dtrain.h"
+#line 10514 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -10616,7 +10629,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 10620 "dtrain.h"
+#line 10633 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -10672,7 +10685,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 10676 "dtrain.h"
+#line 10689 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -11101,7 +11114,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->reached);
     dtr__free(&ctx->alloc, g);
 }
-#line 11105 "dtrain.h"
+#line 11118 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -11366,7 +11379,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 11370 "dtrain.h"
+#line 11383 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -11932,7 +11945,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 11936 "dtrain.h"
+#line 11949 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -12137,7 +12150,7 @@ void dtr__add_into(dtr__pool *p, float *out, const float *x, int64_t n) {
     j.x = x, j.out = out, j.rows = 1, j.n = n;
     dtr__pool_run(p, n, 16384, dtr__add_range, &j);
 }
-#line 12141 "dtrain.h"
+#line 12154 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -13847,7 +13860,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 13851 "dtrain.h"
+#line 13864 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -14892,7 +14905,7 @@ static dtr_result dtr__upsample_run(dtr_context *ctx, dtr__node *nd, int bwd) {
 
 dtr_result dtr__cpu_upsample_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 0); }
 dtr_result dtr__cpu_upsample_bwd(dtr_context *ctx, dtr__node *nd) { return dtr__upsample_run(ctx, nd, 1); }
-#line 14896 "dtrain.h"
+#line 14909 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -15166,7 +15179,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 15170 "dtrain.h"
+#line 15183 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -15567,7 +15580,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 15571 "dtrain.h"
+#line 15584 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -15710,9 +15723,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL,                    /* copy2d: dtr__mem_copy2d copies row by row */
     dtr__cpu_vocab_xent,
     dtr__cpu_codec,
-    dtr__cpu_powersgd
+    dtr__cpu_powersgd,
+    NULL, NULL               /* mem_reserve, mem_back: host pages go back with dtr__mem_discard */
 };
-#line 15716 "dtrain.h"
+#line 15730 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -16039,6 +16053,33 @@ dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s
     return DTR_OK;
 }
 
+/* a gradient buffer from mem_reserve: memory of its own under the trainable runs only, so a
+   frozen body's gradients take no device memory (and read as zeros) */
+static dtr_result dtr__model_back_grads(dtr_model *m) {
+    dtr_context *ctx = m->ctx;
+    int64_t lo, hi;
+    int i = 0, n = 0;
+    dtr_result r;
+    size_t *runs = (size_t *)dtr__malloc(&ctx->alloc, (size_t)(2 * m->count + 2) * sizeof *runs);
+    if (!runs) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model: out of memory backing the gradients");
+    while (dtr__model_next_run(m, &i, &lo, &hi)) runs[2 * n] = (size_t)lo * sizeof(float), runs[2 * n + 1] = (size_t)hi * sizeof(float), n++;
+    r = ctx->backend->mem_back(ctx, m->grad, runs, n);
+    dtr__free(&ctx->alloc, runs);
+    return r;
+}
+
+/* the new gradient buffer reads zeros: host pages mapped as backward writes them, a buffer
+   from mem_reserve backed under the trainable runs, any other one zeroed */
+static dtr_result dtr__model_clear_grads(dtr_model *m, size_t bytes) {
+    dtr_context *ctx = m->ctx;
+    if (dtr__host_memory(ctx)) {
+        dtr__mem_discard(&ctx->alloc, m->grad, m->total, 0.0f);
+        return DTR_OK;
+    }
+    if (ctx->backend->mem_reserve) return dtr__model_back_grads(m);
+    return ctx->backend->memset0(ctx, m->grad, bytes);
+}
+
 dtr_result dtr_model_build(dtr_model *m) {
     dtr_context *ctx;
     size_t bytes;
@@ -16049,7 +16090,7 @@ dtr_result dtr_model_build(dtr_model *m) {
     ctx = m->ctx;
     bytes = (size_t)(m->total ? m->total : 1) * sizeof(float);
     m->data = (float *)ctx->backend->mem_alloc(ctx, bytes);
-    m->grad = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    m->grad = (float *)(ctx->backend->mem_reserve ? ctx->backend->mem_reserve(ctx, bytes) : ctx->backend->mem_alloc(ctx, bytes));
     host = dtr__host_memory(ctx) ? m->data : (float *)dtr__malloc(&ctx->alloc, bytes);
     if (!m->data || !m->grad || !host) {
         if (m->data) ctx->backend->mem_free(ctx, m->data);
@@ -16072,13 +16113,11 @@ dtr_result dtr_model_build(dtr_model *m) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
         dtr__free(&ctx->alloc, host);
     }
-    if (dtr__host_memory(ctx)) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
-    else ctx->backend->memset0(ctx, m->grad, bytes);
     for (i = 0; i < m->count; i++) {
         m->params[i]->storage = m->data + m->offsets[i];
         m->params[i]->grad = m->grad + m->offsets[i];
     }
-    if (dtr__model_build_bufs(m) != DTR_OK) {   /* (the parameters' blocks are freed with the model) */
+    if (dtr__model_clear_grads(m, bytes) != DTR_OK || dtr__model_build_bufs(m) != DTR_OK) {   /* (the parameters' blocks are freed with the model) */
         for (i = 0; i < m->count; i++) m->params[i]->storage = NULL, m->params[i]->grad = NULL;
         ctx->backend->mem_free(ctx, m->data);
         ctx->backend->mem_free(ctx, m->grad);
@@ -16164,8 +16203,10 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
 
 dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable) {
     int i, matched = 0;
+    unsigned gen;
     if (!m) return DTR_NULL_HANDLE;
     if (n < 0 || (n && !prefixes)) return dtr__fail(m->ctx, DTR_INVALID_ARGUMENT, "dtr_model_set_trainable: %d prefixes", n);
+    gen = m->trainable_gen;
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
         int was = (t->flags & DTR__REQUIRES_GRAD) != 0;
@@ -16179,6 +16220,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
     if (!matched)
         return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", n ? prefixes[0] : "",
                          n > 1 ? " or the other prefixes" : "");
+    if (m->built && gen != m->trainable_gen && m->ctx->backend->mem_back) return dtr__model_back_grads(m);
     return DTR_OK;
 }
 
@@ -16345,20 +16387,26 @@ dtr_result dtr__model_grad_scale(dtr_model *m, float factor) {
     dtr_result r = DTR_OK;
     int64_t lo, hi;
     int i = 0;
-    if (!m->frozen || !dtr__host_memory(m->ctx)) return m->ctx->backend->scale(m->ctx, m->grad, m->total, factor);
+    if (!m->frozen) return m->ctx->backend->scale(m->ctx, m->grad, m->total, factor);
     while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi)) r = m->ctx->backend->scale(m->ctx, m->grad + lo, hi - lo, factor);
     return r;
 }
 
-/* host memory with frozen parameters: the trainable runs zeroed; the frozen ones stay zero
-   (backward, the update and data parallelism without ZeRO never write them; ZeRO's exchange
-   writes zeros there), their pages given back once after each change of the trainable set (a
-   parameter frozen with a gradient in it loses it) */
+/* with frozen parameters: the trainable runs zeroed; the frozen ones stay zero (backward, the
+   update and data parallelism without ZeRO never write them; ZeRO's exchange writes zeros
+   there), the whole buffer cleared once after each change of the trainable set (a parameter
+   frozen with a gradient in it loses it): host pages given back to the system, device memory
+   zeroed (a buffer from mem_reserve has none under frozen runs: zeros written there go
+   nowhere) */
 static dtr_result dtr__zero_grad_runs(dtr_model *m) {
     dtr_result r = DTR_OK;
     int64_t lo, hi;
     int i = 0;
-    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
+    if (m->grad_gen != m->trainable_gen) {
+        if (dtr__host_memory(m->ctx)) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f);
+        else r = m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
+        m->grad_gen = m->trainable_gen;
+    }
     while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi))
         r = m->ctx->backend->memset0(m->ctx, m->grad + lo, (size_t)(hi - lo) * sizeof(float));
     return r;
@@ -16373,7 +16421,7 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
         dtr__mem_discard(&m->ctx->alloc, m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
         return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
     }
-    if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
+    if (m->frozen) return dtr__zero_grad_runs(m);
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
 
@@ -16624,7 +16672,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 16628 "dtrain.h"
+#line 16676 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -17096,7 +17144,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17100 "dtrain.h"
+#line 17148 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -17373,7 +17421,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 17377 "dtrain.h"
+#line 17425 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -17610,7 +17658,7 @@ dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dt
 dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
     return dtr_gru_layer_forward_ex(ctx, l, x, h0, NULL, h_out);
 }
-#line 17614 "dtrain.h"
+#line 17662 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -17912,7 +17960,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 17916 "dtrain.h"
+#line 17964 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -18918,7 +18966,7 @@ dtr_context *dtr__optimizer_context(const dtr_optimizer *o) { return dtr_model_c
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 18922 "dtrain.h"
+#line 18970 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -19056,7 +19104,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 19060 "dtrain.h"
+#line 19108 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -19403,7 +19451,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 19407 "dtrain.h"
+#line 19455 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -19469,7 +19517,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 19473 "dtrain.h"
+#line 19521 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -19706,7 +19754,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 19710 "dtrain.h"
+#line 19758 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -20455,7 +20503,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 20459 "dtrain.h"
+#line 20507 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -20908,7 +20956,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 20912 "dtrain.h"
+#line 20960 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -20964,7 +21012,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 20968 "dtrain.h"
+#line 21016 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -21806,7 +21854,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 21810 "dtrain.h"
+#line 21858 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -22387,7 +22435,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 22391 "dtrain.h"
+#line 22439 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -23018,7 +23066,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 23022 "dtrain.h"
+#line 23070 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -23814,7 +23862,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 23818 "dtrain.h"
+#line 23866 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -24167,7 +24215,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 24171 "dtrain.h"
+#line 24219 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -24357,7 +24405,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 24361 "dtrain.h"
+#line 24409 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -24538,7 +24586,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 24542 "dtrain.h"
+#line 24590 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -25313,7 +25361,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 25317 "dtrain.h"
+#line 25365 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -25830,7 +25878,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 25834 "dtrain.h"
+#line 25882 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -26625,7 +26673,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 26629 "dtrain.h"
+#line 26677 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -27873,7 +27921,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 27877 "dtrain.h"
+#line 27925 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -28495,7 +28543,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 28499 "dtrain.h"
+#line 28547 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -28996,7 +29044,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 29000 "dtrain.h"
+#line 29048 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -29726,7 +29774,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 29730 "dtrain.h"
+#line 29778 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -29962,7 +30010,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 29966 "dtrain.h"
+#line 30014 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -30091,7 +30139,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 30095 "dtrain.h"
+#line 30143 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -30541,7 +30589,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 30545 "dtrain.h"
+#line 30593 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -31034,7 +31082,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 31038 "dtrain.h"
+#line 31086 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -31670,7 +31718,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 31674 "dtrain.h"
+#line 31722 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -32176,7 +32224,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 32180 "dtrain.h"
+#line 32228 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -33728,7 +33776,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 33732 "dtrain.h"
+#line 33780 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -33782,7 +33830,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 33786 "dtrain.h"
+#line 33834 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -34986,7 +35034,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 34990 "dtrain.h"
+#line 35038 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -35890,7 +35938,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 35894 "dtrain.h"
+#line 35942 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -37368,7 +37416,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 37372 "dtrain.h"
+#line 37420 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -37761,7 +37809,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 37765 "dtrain.h"
+#line 37813 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -37910,7 +37958,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 37914 "dtrain.h"
+#line 37962 "dtrain.h"
 
 #if defined(__clang__) && __clang_major__ >= 12
 #pragma float_control(pop)

@@ -360,7 +360,7 @@ static const dtr_backend devsim__vt = {
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
     devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async,
     devsim__from_host_async, devsim__owns_ptr, devsim__dcopy, NULL, NULL, NULL, NULL, devsim__dcopy2d, devsim__vocab_xent,
-    devsim__codec, devsim__powersgd};
+    devsim__codec, devsim__powersgd, NULL, NULL};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

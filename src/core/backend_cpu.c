@@ -137,5 +137,6 @@ const dtr_backend dtr__cpu_backend = {
     NULL,                    /* copy2d: dtr__mem_copy2d copies row by row */
     dtr__cpu_vocab_xent,
     dtr__cpu_codec,
-    dtr__cpu_powersgd
+    dtr__cpu_powersgd,
+    NULL, NULL               /* mem_reserve, mem_back: host pages go back with dtr__mem_discard */
 };

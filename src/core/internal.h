@@ -590,6 +590,18 @@ struct dtr_backend {
        it (and codec) a device model's PowerSGD runs on the device over a group of its memory.
        NULL: through a host copy */
     dtr_result (*powersgd)(dtr_context *ctx, const dtr__psgd_args *a, int phase);
+    /* memory backed only where it is used (the gradient buffer: frozen parameters' gradients
+       take none). mem_reserve hands out `bytes` of backend memory that read as zeros (NULL
+       with the error recorded); mem_back gives such a block memory of its own over the n
+       byte ranges [r[2i], r[2i + 1]) (ascending, disjoint) and takes it back elsewhere, in
+       whole units of the backend's (a GPU's mapping granularity; a backend without them
+       keeps the block whole): afterwards units that kept their memory keep their bytes,
+       newly backed ones and those given back read zeros. Writing zeros where a unit has no
+       memory is allowed; other values there are a bug (they may show in every such unit).
+       mem_back waits for the stream's work; free the block with mem_free. NULL: the core
+       uses mem_alloc and memset0 (dtr_model_build) */
+    void *(*mem_reserve)(dtr_context *ctx, size_t bytes);
+    dtr_result (*mem_back)(dtr_context *ctx, void *block, const size_t *r, int n);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's

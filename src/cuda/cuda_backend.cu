@@ -1,8 +1,7 @@
 /* ============================================================================
- * CUDA backend: device selection, the stream, cuBLAS, a caching allocator over cudaMalloc
- * (never managed memory), host<->device copies, events, the device-side error word, and the
- * backend vtable whose dispatch table comes from the op list like the CPU's.
- * Kernels: src/cuda/cuda_ops.cu (ops), cuda_gemm.cu (matmul, linear), cuda_optim.cu
+ * CUDA backend: device selection, the stream, cuBLAS, host<->device copies, events, the
+ * device-side error word, and the backend vtable whose dispatch table comes from the op list like the CPU's.
+ * Memory: src/cuda/cuda_memory.cu. Kernels: src/cuda/cuda_ops.cu (ops), cuda_gemm.cu (matmul, linear), cuda_optim.cu
  * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling), cuda_attention.cu (fused causal attention). An op
  * without a CUDA kernel would report DTR_UNSUPPORTED naming it, and supports_op says so.
  * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
@@ -63,6 +62,7 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     if (s->stream) cudaStreamSynchronize(s->stream);
     if (s->copies) cudaStreamSynchronize(s->copies);
     for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
+    dtr__cuda_sparse_release(ctx, s);
     for (i = 0; i < s->events.n; i++) cudaEventDestroy(s->events.ev[i]);
     for (i = 0; i < s->copy_events.n; i++) cudaEventDestroy(s->copy_events.ev[i]);
     if (s->scratch) cudaFree(s->scratch);
@@ -109,134 +109,6 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
 
 static void dtr__cuda_shutdown(dtr_context *ctx, void *state) {
     if (state) dtr__cuda_release(ctx, (dtr__cuda_state *)state);
-}
-
-/* ---- memory: a caching allocator ----
- * Freed blocks are kept (up to DTR__CUDA_CACHE) and handed out again for a request of at
- * most their size and at least half of it, so the steady state of training (arena chunks,
- * model buffers) never calls cudaMalloc / cudaFree, which synchronise the device. When
- * cudaMalloc fails, the cache is emptied and the allocation tried once more. The sizes of
- * live blocks are kept beside them (few: model buffers, optimizer state, arena chunks). */
-
-static void dtr__cuda_cache_empty(dtr__cuda_state *s) {
-    int i;
-    for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
-    s->n_cache = 0;
-    s->cached_bytes = 0;
-}
-
-static void *dtr__cuda_cache_take(dtr__cuda_state *s, size_t bytes) {
-    int i, best = -1;
-    void *p;
-    for (i = 0; i < s->n_cache; i++)
-        if (s->cache[i].bytes >= bytes && s->cache[i].bytes / 2 <= bytes && (best < 0 || s->cache[i].bytes < s->cache[best].bytes))
-            best = i;
-    if (best < 0) return NULL;
-    p = s->cache[best].p;
-    s->cached_bytes -= s->cache[best].bytes;
-    s->cache[best] = s->cache[--s->n_cache];
-    return p;
-}
-
-static int dtr__cuda_live_add(dtr_context *ctx, dtr__cuda_state *s, void *p, size_t bytes) {
-    if (s->n_live == s->cap_live) {
-        int cap = s->cap_live ? 2 * s->cap_live : 32;
-        dtr__cuda_block *q = (dtr__cuda_block *)dtr__malloc(&ctx->alloc, (size_t)cap * sizeof *s->live);
-        if (!q) return 0;
-        if (s->n_live) memcpy(q, s->live, (size_t)s->n_live * sizeof *s->live);
-        dtr__free(&ctx->alloc, s->live);
-        s->live = q;
-        s->cap_live = cap;
-    }
-    s->live[s->n_live].p = p;
-    s->live[s->n_live].bytes = bytes;
-    s->n_live++;
-    s->live_bytes += bytes;
-    if (s->live_bytes > s->peak_bytes) s->peak_bytes = s->live_bytes;
-    return 1;
-}
-
-static void *dtr__cuda_alloc_locked(dtr_context *ctx, size_t bytes) {
-    dtr__cuda_state *s = dtr__cuda(ctx);
-    void *p;
-    cudaError_t e;
-    bytes = bytes ? (bytes + 511) & ~(size_t)511 : 512;
-    p = dtr__cuda_cache_take(s, bytes);
-    if (!p) {
-        e = cudaMalloc(&p, bytes);
-        if (e == cudaErrorMemoryAllocation && s->n_cache > 0) {
-            (void)cudaGetLastError();   /* clear it, then retry with the cache given back */
-            cudaStreamSynchronize(s->stream);
-            dtr__cuda_cache_empty(s);
-            e = cudaMalloc(&p, bytes);
-        }
-        if (dtr__cuda_check(ctx, e, "cudaMalloc") != DTR_OK) return NULL;
-    }
-    if (!dtr__cuda_live_add(ctx, s, p, bytes)) {
-        cudaFree(p);
-        dtr__fail(ctx, DTR_OUT_OF_MEMORY, "cuda: out of host memory tracking device blocks");
-        return NULL;
-    }
-    return p;
-}
-
-static void dtr__cuda_free_locked(dtr_context *ctx, void *p) {
-    dtr__cuda_state *s = dtr__cuda(ctx);
-    int i;
-    if (!p) return;
-    for (i = 0; i < s->n_live && s->live[i].p != p; i++) {}
-    if (i == s->n_live) { cudaFree(p); return; }   /* not ours: give it back to the driver */
-    if (s->n_cache < DTR__CUDA_CACHE) {
-        /* kernels queued before this free may still read it: the next owner's work is queued
-           behind them on the same stream, so reuse is safe without a synchronisation */
-        s->cache[s->n_cache++] = s->live[i];
-        s->cached_bytes += s->live[i].bytes;
-    } else {
-        cudaFree(p);
-    }
-    s->live_bytes -= s->live[i].bytes;
-    s->live[i] = s->live[--s->n_live];
-}
-
-static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
-    void *p;
-    pthread_mutex_lock(&dtr__cuda(ctx)->mu);
-    p = dtr__cuda_alloc_locked(ctx, bytes);
-    pthread_mutex_unlock(&dtr__cuda(ctx)->mu);
-    return p;
-}
-
-static void dtr__cuda_free(dtr_context *ctx, void *p) {
-    pthread_mutex_lock(&dtr__cuda(ctx)->mu);
-    dtr__cuda_free_locked(ctx, p);
-    pthread_mutex_unlock(&dtr__cuda(ctx)->mu);
-}
-
-/* an outgrown scratch block: freed (work queued on it runs before the next owner's), or kept
-   while a graph may replay kernels that use it */
-static void dtr__cuda_scratch_drop(dtr_context *ctx, dtr__cuda_state *s) {
-    void **r;
-    if (!s->scratch) return;
-    if (s->graphs == 0) { dtr__cuda_free(ctx, s->scratch); return; }
-    r = (void **)dtr__malloc(&ctx->alloc, (size_t)(s->n_retired + 1) * sizeof(void *));
-    if (!r) return;   /* out of host memory: the block is leaked, never reused under a graph */
-    if (s->n_retired) memcpy(r, s->retired, (size_t)s->n_retired * sizeof(void *));
-    dtr__free(&ctx->alloc, s->retired);
-    s->retired = r;
-    s->retired[s->n_retired++] = s->scratch;
-}
-
-static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes) {
-    dtr__cuda_state *s = dtr__cuda(ctx);
-    if (bytes <= s->scratch_bytes) return s->scratch;
-    dtr__cuda_scratch_drop(ctx, s);
-    s->scratch = dtr__cuda_alloc(ctx, bytes);
-    s->scratch_bytes = s->scratch ? bytes : 0;
-    return s->scratch;
-}
-
-static dtr_result dtr__cuda_memset0(dtr_context *ctx, void *dst, size_t bytes) {
-    return dtr__cuda_check(ctx, cudaMemsetAsync(dst, 0, bytes, dtr__cuda(ctx)->stream), "cudaMemsetAsync");
 }
 
 /* ---- copies ---- */
@@ -471,7 +343,9 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_copy2d,
     dtr__cuda_vocab_xent,
     dtr__cuda_codec,
-    dtr__cuda_powersgd
+    dtr__cuda_powersgd,
+    dtr__cuda_reserve,
+    dtr__cuda_back
 };
 
 /* ---- public entry points ---- */

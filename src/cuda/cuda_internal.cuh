@@ -9,6 +9,7 @@
 #include "../public/api_engine.h"
 #include "../core/internal.h"
 #include "../core/formulas.h"
+#include <cuda.h>   /* the driver's types (its calls are found through the runtime: cuda_memory.cu) */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,6 +26,10 @@
 
 /** A free block of the caching allocator. */
 typedef struct dtr__cuda_block { void *p; size_t bytes; } dtr__cuda_block;
+
+/** A reserved block (mem_reserve): n granules from base, granule g mapped to its own memory
+ *  own[g], or (own[g] 0) to the state's zero granule. */
+typedef struct dtr__cuda_sparse { CUdeviceptr base; size_t n; CUmemGenericAllocationHandle *own; } dtr__cuda_sparse;
 
 /** A ring of events: a handle stays valid for `cap` records. */
 typedef struct dtr__cuda_ring { cudaEvent_t ev[DTR__CUDA_EVENTS]; int cap, n, next; } dtr__cuda_ring;
@@ -48,6 +53,12 @@ typedef struct dtr__cuda_state {
     dtr__cuda_block *live;                    /* blocks handed out, with their sizes */
     int n_live, cap_live;
     size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
+    dtr__cuda_sparse *sparse;                 /* reserved blocks (cuda_memory.cu) */
+    int n_sparse, cap_sparse;
+    size_t granule;                           /* the device's mapping granularity; 0: no virtual memory calls */
+    int granule_known;
+    CUmemGenericAllocationHandle zero;        /* the granule of zeros every unbacked granule maps */
+    int has_zero;
     void *scratch;                            /* kernels' temporaries (dtr__cuda_scratch) */
     size_t scratch_bytes;
     int graphs;                               /* executable graphs alive (dtr_graph): they hold the
@@ -72,9 +83,9 @@ static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)
 /** A device buffer of at least `bytes` for an op's temporaries (attention's score tiles, a
  *  convolution's column gradients), kept by the context and grown when asked for more. It
  *  stays valid until the next call: work queued before that call has used it when work
- *  queued after runs (stream order). NULL with the error recorded. (cuda_backend.cu) */
+ *  queued after runs (stream order). NULL with the error recorded. (cuda_memory.cu) */
 static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes);
-/** Zeroes `bytes` at dst on the context's stream; DTR_OK or the error recorded. (cuda_backend.cu) */
+/** Zeroes `bytes` at dst on the context's stream; DTR_OK or the error recorded. (cuda_memory.cu) */
 static dtr_result dtr__cuda_memset0(dtr_context *ctx, void *dst, size_t bytes);
 static cudaStream_t dtr__cuda_stream(dtr_context *ctx) { return dtr__cuda(ctx)->stream; }
 

@@ -321,6 +321,33 @@ dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s
     return DTR_OK;
 }
 
+/* a gradient buffer from mem_reserve: memory of its own under the trainable runs only, so a
+   frozen body's gradients take no device memory (and read as zeros) */
+static dtr_result dtr__model_back_grads(dtr_model *m) {
+    dtr_context *ctx = m->ctx;
+    int64_t lo, hi;
+    int i = 0, n = 0;
+    dtr_result r;
+    size_t *runs = (size_t *)dtr__malloc(&ctx->alloc, (size_t)(2 * m->count + 2) * sizeof *runs);
+    if (!runs) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model: out of memory backing the gradients");
+    while (dtr__model_next_run(m, &i, &lo, &hi)) runs[2 * n] = (size_t)lo * sizeof(float), runs[2 * n + 1] = (size_t)hi * sizeof(float), n++;
+    r = ctx->backend->mem_back(ctx, m->grad, runs, n);
+    dtr__free(&ctx->alloc, runs);
+    return r;
+}
+
+/* the new gradient buffer reads zeros: host pages mapped as backward writes them, a buffer
+   from mem_reserve backed under the trainable runs, any other one zeroed */
+static dtr_result dtr__model_clear_grads(dtr_model *m, size_t bytes) {
+    dtr_context *ctx = m->ctx;
+    if (dtr__host_memory(ctx)) {
+        dtr__mem_discard(&ctx->alloc, m->grad, m->total, 0.0f);
+        return DTR_OK;
+    }
+    if (ctx->backend->mem_reserve) return dtr__model_back_grads(m);
+    return ctx->backend->memset0(ctx, m->grad, bytes);
+}
+
 dtr_result dtr_model_build(dtr_model *m) {
     dtr_context *ctx;
     size_t bytes;
@@ -331,7 +358,7 @@ dtr_result dtr_model_build(dtr_model *m) {
     ctx = m->ctx;
     bytes = (size_t)(m->total ? m->total : 1) * sizeof(float);
     m->data = (float *)ctx->backend->mem_alloc(ctx, bytes);
-    m->grad = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    m->grad = (float *)(ctx->backend->mem_reserve ? ctx->backend->mem_reserve(ctx, bytes) : ctx->backend->mem_alloc(ctx, bytes));
     host = dtr__host_memory(ctx) ? m->data : (float *)dtr__malloc(&ctx->alloc, bytes);
     if (!m->data || !m->grad || !host) {
         if (m->data) ctx->backend->mem_free(ctx, m->data);
@@ -354,13 +381,11 @@ dtr_result dtr_model_build(dtr_model *m) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
         dtr__free(&ctx->alloc, host);
     }
-    if (dtr__host_memory(ctx)) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f);   /* zeros, mapped as backward writes them */
-    else ctx->backend->memset0(ctx, m->grad, bytes);
     for (i = 0; i < m->count; i++) {
         m->params[i]->storage = m->data + m->offsets[i];
         m->params[i]->grad = m->grad + m->offsets[i];
     }
-    if (dtr__model_build_bufs(m) != DTR_OK) {   /* (the parameters' blocks are freed with the model) */
+    if (dtr__model_clear_grads(m, bytes) != DTR_OK || dtr__model_build_bufs(m) != DTR_OK) {   /* (the parameters' blocks are freed with the model) */
         for (i = 0; i < m->count; i++) m->params[i]->storage = NULL, m->params[i]->grad = NULL;
         ctx->backend->mem_free(ctx, m->data);
         ctx->backend->mem_free(ctx, m->grad);
@@ -446,8 +471,10 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
 
 dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable) {
     int i, matched = 0;
+    unsigned gen;
     if (!m) return DTR_NULL_HANDLE;
     if (n < 0 || (n && !prefixes)) return dtr__fail(m->ctx, DTR_INVALID_ARGUMENT, "dtr_model_set_trainable: %d prefixes", n);
+    gen = m->trainable_gen;
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
         int was = (t->flags & DTR__REQUIRES_GRAD) != 0;
@@ -461,6 +488,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
     if (!matched)
         return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", n ? prefixes[0] : "",
                          n > 1 ? " or the other prefixes" : "");
+    if (m->built && gen != m->trainable_gen && m->ctx->backend->mem_back) return dtr__model_back_grads(m);
     return DTR_OK;
 }
 
@@ -627,20 +655,26 @@ dtr_result dtr__model_grad_scale(dtr_model *m, float factor) {
     dtr_result r = DTR_OK;
     int64_t lo, hi;
     int i = 0;
-    if (!m->frozen || !dtr__host_memory(m->ctx)) return m->ctx->backend->scale(m->ctx, m->grad, m->total, factor);
+    if (!m->frozen) return m->ctx->backend->scale(m->ctx, m->grad, m->total, factor);
     while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi)) r = m->ctx->backend->scale(m->ctx, m->grad + lo, hi - lo, factor);
     return r;
 }
 
-/* host memory with frozen parameters: the trainable runs zeroed; the frozen ones stay zero
-   (backward, the update and data parallelism without ZeRO never write them; ZeRO's exchange
-   writes zeros there), their pages given back once after each change of the trainable set (a
-   parameter frozen with a gradient in it loses it) */
+/* with frozen parameters: the trainable runs zeroed; the frozen ones stay zero (backward, the
+   update and data parallelism without ZeRO never write them; ZeRO's exchange writes zeros
+   there), the whole buffer cleared once after each change of the trainable set (a parameter
+   frozen with a gradient in it loses it): host pages given back to the system, device memory
+   zeroed (a buffer from mem_reserve has none under frozen runs: zeros written there go
+   nowhere) */
 static dtr_result dtr__zero_grad_runs(dtr_model *m) {
     dtr_result r = DTR_OK;
     int64_t lo, hi;
     int i = 0;
-    if (m->grad_gen != m->trainable_gen) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f), m->grad_gen = m->trainable_gen;
+    if (m->grad_gen != m->trainable_gen) {
+        if (dtr__host_memory(m->ctx)) dtr__mem_discard(&m->ctx->alloc, m->grad, m->total, 0.0f);
+        else r = m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
+        m->grad_gen = m->trainable_gen;
+    }
     while (r == DTR_OK && dtr__model_next_run(m, &i, &lo, &hi))
         r = m->ctx->backend->memset0(m->ctx, m->grad + lo, (size_t)(hi - lo) * sizeof(float));
     return r;
@@ -655,7 +689,7 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
         dtr__mem_discard(&m->ctx->alloc, m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
         return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
     }
-    if (m->frozen && dtr__host_memory(m->ctx)) return dtr__zero_grad_runs(m);
+    if (m->frozen) return dtr__zero_grad_runs(m);
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
 

@@ -976,7 +976,8 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  moments of a frozen body cost nothing); its place in the parameter and gradient buffers
  *  stays (its gradient zeros, which data parallelism without ZeRO does not send; in host memory
  *  their pages are given back to the system at the next dtr_model_zero_grad and never read,
- *  so a frozen body's gradient takes no memory on the CPU; a GPU keeps the whole buffer). Takes effect at the next backward and
+ *  so a frozen body's gradient takes no memory on the CPU; on a GPU the device's memory under it is given back
+ *  when this returns, in whole granules of the device's mapping (2 MiB; docs/gpu.md, "Memory")). Takes effect at the next backward and
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's

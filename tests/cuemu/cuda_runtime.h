@@ -84,6 +84,10 @@ enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 #define cudaEventDisableTiming 2u
 #define cudaHostAllocDefault 0u
 #define cudaHostAllocMapped 2u
+#define CUDART_VERSION 13000
+enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1,
+                                       cudaDriverEntryPointVersionNotSufficent = 2 };
+#define cudaEnableDefault 0ull
 
 /* ---- the runtime (tests/cuemu/cuemu.cpp) ---- */
 const char *cudaGetErrorString(cudaError_t e);
@@ -119,6 +123,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device);
+/* the driver calls of tests/cuemu/cuda.h by name (version at least 12000) */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *status = nullptr);
 namespace cuemu { cudaError_t set_attribute(const void *fn, enum cudaFuncAttribute attr, int value); }
 /* a kernel's limit of dynamic shared memory (48 KB until raised; at most the device's opt-in
    limit, an H100's 227 KB) */

@@ -3,6 +3,7 @@
  * fibers (ucontext) scheduled round-robin until each finishes or waits at a barrier. */
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
+#include "cuda.h"
 #include <deque>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <ucontext.h>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -872,4 +874,183 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cubla
     (void)algo;
     gemm_args a = args_of(h, ta, tb, m, n, k, alpha, at, lda, bt, ldb, beta, ct, ldc, compute);
     return gemm_run(h, a, A, B, C, nullptr, nullptr, nullptr, 0, 0, 0, count);
+}
+
+/* ---- the driver's virtual memory calls (tests/cuemu/cuda.h) ---- */
+
+namespace {
+struct vm_handle { int fd; size_t size; int maps; bool released; };
+struct vm_map { size_t size; CUmemGenericAllocationHandle h; };
+std::mutex vm_mu;
+std::map<CUmemGenericAllocationHandle, vm_handle> vm_handles;
+std::map<uintptr_t, vm_map> vm_maps;      /* mapped ranges by their start */
+std::map<uintptr_t, size_t> vm_ranges;    /* reserved ranges */
+CUmemGenericAllocationHandle vm_next = 1;
+
+size_t vm_granule() {
+    const char *e = getenv("CUEMU_GRANULE");
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), g = e ? strtoull(e, nullptr, 10) : 0;
+    return g && g % page == 0 ? g : page;
+}
+
+bool vm_reserved(uintptr_t p, size_t n) {
+    auto it = vm_ranges.upper_bound(p);
+    if (it == vm_ranges.begin()) return false;
+    --it;
+    return p >= it->first && p + n <= it->first + it->second;
+}
+
+/* the mapping that overlaps [p, p + n) first, or end() */
+std::map<uintptr_t, vm_map>::iterator vm_overlap(uintptr_t p, size_t n) {
+    auto it = vm_maps.lower_bound(p);
+    if (it != vm_maps.begin()) {
+        auto prev = std::prev(it);
+        if (prev->first + prev->second.size > p) return prev;
+    }
+    return it != vm_maps.end() && it->first < p + n ? it : vm_maps.end();
+}
+
+void vm_close_if_unused(CUmemGenericAllocationHandle h) {
+    auto it = vm_handles.find(h);
+    if (it == vm_handles.end() || !it->second.released || it->second.maps) return;
+    close(it->second.fd);
+    vm_handles.erase(it);
+}
+
+bool vm_device_prop(const CUmemAllocationProp *p) {
+    return p && p->type == CU_MEM_ALLOCATION_TYPE_PINNED && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE && p->location.id == 0;
+}
+}  // namespace
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    if (ordinal != 0) return CUDA_ERROR_INVALID_VALUE;
+    *d = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
+    const char *e = getenv("CUEMU_NO_VMM");
+    if (d != 0 || attr != CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) return CUDA_ERROR_INVALID_VALUE;
+    *v = !(e && e[0] == '1');
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option) {
+    (void)option;
+    if (!vm_device_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
+    *g = vm_granule();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags) {
+    size_t G = vm_granule(), align = alignment > G ? alignment : G;
+    if (!size || size % G || alignment % G || addr || flags) return CUDA_ERROR_INVALID_VALUE;
+    char *raw = (char *)mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    char *p = (char *)(((uintptr_t)raw + align - 1) / align * align);
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    munmap(p + size, (size_t)(raw + size + align - (p + size)));
+    {
+        std::lock_guard<std::mutex> g(vm_mu);
+        vm_ranges[(uintptr_t)p] = size;
+    }
+    std::lock_guard<std::mutex> g(mem_mu);
+    regions[(uintptr_t)p] = region{size, cudaMemoryTypeDevice};
+    *ptr = (CUdeviceptr)p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    {
+        std::lock_guard<std::mutex> g(vm_mu);
+        auto it = vm_ranges.find((uintptr_t)ptr);
+        if (it == vm_ranges.end() || it->second != size || vm_overlap((uintptr_t)ptr, size) != vm_maps.end())
+            return CUDA_ERROR_INVALID_VALUE;   /* not a reserved range, or still mapped */
+        vm_ranges.erase(it);
+        munmap((void *)ptr, size);
+    }
+    std::lock_guard<std::mutex> g(mem_mu);
+    regions.erase((uintptr_t)ptr);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) {
+    size_t G = vm_granule();
+    if (!size || size % G || flags || !vm_device_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("cuemu", 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *t = ftruncate(fd, (off_t)size) == 0 ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (t == MAP_FAILED) { close(fd); return CUDA_ERROR_OUT_OF_MEMORY; }
+    memset(t, 0xff, size);   /* NaN: device memory starts undefined */
+    munmap(t, size);
+    std::lock_guard<std::mutex> g(vm_mu);
+    *h = vm_next++;
+    vm_handles[*h] = vm_handle{fd, size, 0, false};
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    std::lock_guard<std::mutex> g(vm_mu);
+    auto it = vm_handles.find(h);
+    if (it == vm_handles.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+    it->second.released = true;
+    vm_close_if_unused(h);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
+    size_t G = vm_granule();
+    std::lock_guard<std::mutex> g(vm_mu);
+    auto it = vm_handles.find(h);
+    if (it == vm_handles.end() || it->second.released || flags || !size || ptr % G || size % G || offset % G ||
+        offset + size > it->second.size || !vm_reserved((uintptr_t)ptr, size) || vm_overlap((uintptr_t)ptr, size) != vm_maps.end())
+        return CUDA_ERROR_INVALID_VALUE;
+    if (mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, it->second.fd, (off_t)offset) == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    vm_maps[(uintptr_t)ptr] = vm_map{size, h};
+    it->second.maps++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {   /* waits for the device, as CUDA's does */
+    drain_all();
+    std::lock_guard<std::mutex> g(vm_mu);
+    auto it = vm_maps.find((uintptr_t)ptr);
+    if (it == vm_maps.end() || it->second.size != size) return CUDA_ERROR_INVALID_VALUE;   /* exactly one mapping */
+    mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    CUmemGenericAllocationHandle h = it->second.h;
+    vm_maps.erase(it);
+    vm_handles[h].maps--;
+    vm_close_if_unused(h);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    std::lock_guard<std::mutex> g(vm_mu);
+    if (count != 1 || !desc || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc->location.id != 0) return CUDA_ERROR_INVALID_VALUE;
+    for (uintptr_t at = (uintptr_t)ptr; at < (uintptr_t)ptr + size;) {   /* mapped throughout */
+        auto it = vm_maps.find(at);
+        if (it == vm_maps.end()) return CUDA_ERROR_INVALID_VALUE;
+        at += it->second.size;
+    }
+    int prot = desc->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+             : desc->flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? PROT_READ : PROT_NONE;
+    return mprotect((void *)ptr, size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *status) {
+    static const struct { const char *name; void *fn; } table[] = {
+        {"cuDeviceGet", (void *)cuDeviceGet}, {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
+        {"cuMemGetAllocationGranularity", (void *)cuMemGetAllocationGranularity},
+        {"cuMemAddressReserve", (void *)cuMemAddressReserve}, {"cuMemAddressFree", (void *)cuMemAddressFree},
+        {"cuMemCreate", (void *)cuMemCreate}, {"cuMemRelease", (void *)cuMemRelease}, {"cuMemMap", (void *)cuMemMap},
+        {"cuMemUnmap", (void *)cuMemUnmap}, {"cuMemSetAccess", (void *)cuMemSetAccess}};
+    *fn = nullptr;
+    if (status) *status = cudaDriverEntryPointSymbolNotFound;
+    if (!symbol || flags != cudaEnableDefault || version < 12000) return last_error = cudaErrorInvalidValue;
+    for (const auto &e : table)
+        if (strcmp(e.name, symbol) == 0) *fn = e.fn;
+    if (*fn && status) *status = cudaDriverEntryPointSuccess;
+    return cudaSuccess;
 }

@@ -768,6 +768,154 @@ static void test_loader_upload(void) {
     dtr_dataset_destroy(ds);
 }
 
+/* ---- a frozen body's gradients take no device memory ----
+ * Two 1024 x 1024 layers (8 MiB of gradients: 4 granules of a GPU's 2 MiB) under a small
+ * head. Freezing the body gives its gradient memory back (dtr_cuda_memory's bytes in use drop
+ * by the body's gradients but for the granules it shares with the head); training the head
+ * on the device matches the CPU and leaves the body's values alone; the body's gradients
+ * read zeros; unfreezing backs them again (zeros, then the next backward's) and the steps
+ * match the CPU again; freezing again zeroes what the body's gradients held. With
+ * DTR_CUDA_VMM=0 (and on the simulated device) the buffer stays whole: the same steps. */
+#define FB_W 1024
+#define FB_ROWS 8
+#define FB_OUT 4
+
+typedef struct fbnet { dtr_model *m; dtr_linear_layer b1, b2, head; } fbnet;
+
+static int fb_make(dtr_context *ctx, fbnet *n) {
+    return dtr_model_create(ctx, 6, &n->m) == DTR_OK &&
+           dtr_linear_layer_init(&n->b1, n->m, "body.1", FB_W, FB_W, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
+           dtr_linear_layer_init(&n->b2, n->m, "body.2", FB_W, FB_W, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
+           dtr_linear_layer_init(&n->head, n->m, "head", FB_W, FB_OUT, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
+           dtr_model_build(n->m) == DTR_OK;
+}
+
+/* one AdamW step on a fixed batch (opt NULL: the gradients only); its gradients into grads (NULL: not read) */
+static int fb_step(dtr_context *ctx, fbnet *n, dtr_optimizer *opt, float *grads) {
+    static float x[FB_ROWS * FB_W];
+    int32_t y[FB_ROWS];
+    int64_t xs[2] = {FB_ROWS, FB_W}, rows = FB_ROWS, i;
+    dtr_rng rng;
+    dtr_tensor *h, *loss;
+    int ok;
+    dtr_rng_seed(&rng, 23, 1);
+    for (i = 0; i < FB_ROWS * FB_W; i++) x[i] = 2.0f * dtr_rng_uniform(&rng) - 1.0f;
+    for (i = 0; i < FB_ROWS; i++) y[i] = (int32_t)(dtr_rng_u32(&rng) % FB_OUT);
+    h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->b1, dtr_tensor_from(ctx, DTR_F32, 2, xs, x)));
+    h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->b2, h));
+    loss = dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->head, h), dtr_tensor_from(ctx, DTR_I32, 1, &rows, y));
+    ok = loss && dtr_model_zero_grad(n->m) == DTR_OK && dtr_backward(ctx, loss) == DTR_OK &&
+         (!grads || dtr_model_read_grads(n->m, grads, dtr_model_numel(n->m)) == DTR_OK) && (!opt || dtr_optimizer_step(opt, NULL) == DTR_OK);
+    dtr_context_reset(ctx);
+    return ok;
+}
+
+static size_t fb_in_use(dtr_context *ctx, int gpu) {
+    size_t used = 0;
+#ifndef TRAIN_DEVSIM
+    if (gpu) dtr_cuda_memory(ctx, &used, NULL, NULL, 0);
+#endif
+    (void)ctx, (void)gpu;
+    return used;
+}
+
+typedef struct fbrun {
+    float *w[3], *g[3];     /* each phase's (frozen, thawed, frozen again) parameters after it and last gradients */
+    size_t before[3], after[3];   /* device bytes in use around each phase's dtr_model_set_trainable */
+    int owns;               /* the backend says the gradient buffer is its device memory */
+} fbrun;
+
+/* 2 steps frozen, 1 thawed, 1 frozen again; 0 on an error */
+static int fb_run(int gpu, fbrun *out) {
+    const char *body[1] = {"body."};
+    dtr_context *ctx = make_ctx(gpu);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 1e-3f);
+    dtr_optimizer *opt = NULL;
+    fbnet n;
+    int64_t N;
+    int ok, ph;
+    memset(&n, 0, sizeof n);
+    oc.weight_decay = 0.1f, oc.eps = 1e-3f;   /* (gradients of 1e-7 and less: eps keeps the steps off rounding's noise) */
+    ok = ctx && fb_make(ctx, &n) && dtr_optimizer_create(n.m, &oc, &opt) == DTR_OK;
+    N = ok ? dtr_model_numel(n.m) : 0;
+    out->owns = ok && ctx->backend->owns && ctx->backend->owns(ctx, dtr_model_grads(n.m));   /* (what a host-memory group stages) */
+    for (ph = 0; ok && ph < 3; ph++) {
+        ok = ph != 2 || fb_step(ctx, &n, NULL, NULL);   /* frozen again with gradients in it: they go */
+        out->before[ph] = fb_in_use(ctx, gpu);
+        ok = ok && dtr_model_set_trainable(n.m, body, 1, ph == 1) == DTR_OK;
+        out->after[ph] = fb_in_use(ctx, gpu);
+        out->w[ph] = (float *)malloc((size_t)N * sizeof(float)), out->g[ph] = (float *)malloc((size_t)N * sizeof(float));
+        ok = ok && out->w[ph] && out->g[ph] && (ph != 0 || fb_step(ctx, &n, opt, NULL)) && fb_step(ctx, &n, opt, out->g[ph]) &&
+             dtr_model_read(n.m, out->w[ph], N) == DTR_OK;
+    }
+    if (!ok && ctx) fprintf(stderr, "  (%s: %s)\n", gpu ? "device" : "cpu", dtr_context_last_error(ctx));
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(n.m);
+    dtr_context_destroy(ctx);
+    return ok;
+}
+
+static void fb_free(fbrun *r) {
+    int i;
+    for (i = 0; i < 3; i++) free(r->w[i]), free(r->g[i]);
+}
+
+/* the largest difference of a and b over the largest |a| */
+static double max_scaled(const float *a, const float *b, int64_t n) {
+    double top = 0.0, d = 0.0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        top = fabs((double)a[i]) > top ? fabs((double)a[i]) : top;
+        d = fabs((double)a[i] - b[i]) > d || b[i] != b[i] ? (b[i] != b[i] ? 1e30 : fabs((double)a[i] - b[i])) : d;
+    }
+    return top > 0.0 ? d / top : d;
+}
+
+/* the device run against the CPU's; vmm: the device backs only the trainable gradients */
+static void fb_check(const fbrun *cpu, const fbrun *dev, int64_t body, int64_t N, int vmm) {
+    int ph;
+    int64_t i, nz = 0;
+    for (ph = 0; ph < 3; ph++) {
+        double dw = max_rel(cpu->w[ph], dev->w[ph], N), dg = max_scaled(cpu->g[ph], dev->g[ph], N);
+        CHECK_MSG(dw < 1e-5 && dg < 1e-3, "phase %d: parameters within %.3g, gradients within %.3g of the CPU's", ph, dw, dg);
+    }
+    for (i = 0; i < body; i++) nz += dev->g[0][i] != 0.0f || dev->g[2][i] != 0.0f;
+    CHECK_MSG(nz == 0, "%lld of the frozen body's gradients are not zero", (long long)nz);
+    CHECK_MSG(memcmp(dev->w[0], cpu->w[0], (size_t)body * sizeof(float)) == 0, "the frozen body's values changed");
+    CHECK_MSG(dev->owns, "the backend does not take the gradient buffer for its device memory");
+    if (vmm) {   /* (a granule of 2 MiB at each end of the body may hold the head's gradients too) */
+        size_t bytes = (size_t)body * sizeof(float), drop = dev->before[0] - dev->after[0];
+        CHECK_MSG(dev->before[0] > dev->after[0] && drop <= bytes && drop + ((size_t)4 << 20) >= bytes,
+                  "freezing %zu bytes of gradients: %zu bytes in use, then %zu", bytes, dev->before[0], dev->after[0]);
+        CHECK_MSG(dev->after[1] - dev->before[1] == drop && dev->before[2] - dev->after[2] == drop,
+                  "thawing takes %zu bytes back and freezing again gives %zu (freezing gave %zu)", dev->after[1] - dev->before[1],
+                  dev->before[2] - dev->after[2], drop);
+    } else {
+        CHECK_MSG(dev->after[0] == dev->before[0], "the whole buffer stays: %zu bytes in use, then %zu", dev->before[0], dev->after[0]);
+    }
+}
+
+static void test_frozen_memory(void) {
+    fbrun cpu, dev;
+    int64_t body = 2 * ((int64_t)FB_W * FB_W + FB_W), N = body + (int64_t)FB_OUT * FB_W + 16;
+    int pass;
+    memset(&cpu, 0, sizeof cpu);
+    CHECK(fb_run(0, &cpu));
+    for (pass = 0; pass < 2; pass++) {   /* the driver's virtual memory calls, then DTR_CUDA_VMM=0 */
+        int vmm = pass == 0;
+#ifdef TRAIN_DEVSIM
+        vmm = 0;
+#endif
+        memset(&dev, 0, sizeof dev);
+        setenv("DTR_CUDA_VMM", pass ? "0" : "1", 1);
+        CHECK_MSG(fb_run(1, &dev), "pass %d", pass);
+        if (cpu.w[2] && dev.w[2]) fb_check(&cpu, &dev, body, N, vmm);
+        fb_free(&dev);
+    }
+    unsetenv("DTR_CUDA_VMM");
+    fb_free(&cpu);
+}
+
 int main(void) {
     (void)test_ctx;
     if (DEVICE_COUNT() <= 0) {
@@ -789,6 +937,7 @@ int main(void) {
     RUN(test_device_engines);
     RUN(test_data_parallel);
     RUN(test_loader_upload);
+    RUN(test_frozen_memory);
 #ifdef TRAIN_DEVSIM
     CHECK_EQ_INT(devsim__violations, 0);
 #endif
