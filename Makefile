@@ -312,12 +312,12 @@ $(EMU_DIR)/%_reversed: $(EMU_DIR)/%
 $(EMU_DIR)/dtrain_cuda_emu.cpp: dtrain_cuda.cu tests/cuemu/launch.pl
 	@mkdir -p $(@D)
 	perl tests/cuemu/launch.pl $< > $@
-$(EMU_DIR)/dtrain_cuda_emu.o: $(EMU_DIR)/dtrain_cuda_emu.cpp dtrain.h tests/cuemu/cuda_runtime.h tests/cuemu/cublas_v2.h tests/cuemu/cuda.h $(FLAGS_STAMP)
+$(EMU_DIR)/dtrain_cuda_emu.o: $(EMU_DIR)/dtrain_cuda_emu.cpp dtrain.h tests/cuemu/cuda_runtime.h tests/cuemu/cublas_v2.h tests/cuemu/cuda.h tests/cuemu/mma.h tests/cuemu/cuda_fp16.h $(FLAGS_STAMP)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
-$(EMU_DIR)/cuemu.o: tests/cuemu/cuemu.cpp tests/cuemu/cuda_runtime.h tests/cuemu/cublas_v2.h tests/cuemu/cuda.h $(FLAGS_STAMP)
+$(EMU_DIR)/cuemu.o: tests/cuemu/cuemu.cpp tests/cuemu/cuda_runtime.h tests/cuemu/cublas_v2.h tests/cuemu/cuda.h tests/cuemu/cuda_fp16.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
-$(EMU_DIR)/test_cuemu: tests/cuemu/test_cuemu.cu $(EMU_DIR)/cuemu.o tests/cuemu/launch.pl
+$(EMU_DIR)/test_cuemu: tests/cuemu/test_cuemu.cu $(EMU_DIR)/cuemu.o tests/cuemu/launch.pl tests/cuemu/mma.h
 	perl tests/cuemu/launch.pl $< > $@.cpp
 	$(CXX) $(EMU_CXXFLAGS) -o $@ $@.cpp $(EMU_DIR)/cuemu.o
 $(EMU_DIR)/test_grad_emu: tests/test_grad.c $(EMU_OBJ) $(LIBA)

@@ -4,6 +4,7 @@
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
 #include "cuda.h"
+#include "cuda_fp16.h"
 #include <deque>
 #include <map>
 #include <memory>
@@ -736,7 +737,7 @@ float round_bits(float x, int keep) {   /* round to nearest even, keeping `keep`
 
 float load(const void *p, cudaDataType_t t, size_t i) {
     if (t == CUDA_R_32F) return ((const float *)p)[i];
-    if (t == CUDA_R_16F) return (float)((const _Float16 *)p)[i];
+    if (t == CUDA_R_16F) return cuemu_half_to_float(((const uint16_t *)p)[i]);
     uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
     float f;
     memcpy(&f, &u, 4);
@@ -777,17 +778,27 @@ bool gemm_valid(const gemm_args &a) {
     return (a.ta == CUBLAS_OP_N || a.ta == CUBLAS_OP_T) && (a.tb == CUBLAS_OP_N || a.tb == CUBLAS_OP_T);
 }
 
-/* C (m x n) = alpha op(A) op(B) + beta C, column-major; beta 0: C is not read */
+/* C (m x n) = alpha op(A) op(B) + beta C, column-major; beta 0: C is not read. The operands
+   are read and rounded once, into rows of op(A) and columns of op(B) (k each), then each entry
+   sums its k products in double in the order of k */
 void gemm_one(const gemm_args &a, const void *A, const void *B, void *C) {
     std::lock_guard<std::recursive_mutex> g(exec_mu);
+    std::vector<double> ra((size_t)a.m * a.k), rb((size_t)a.n * a.k);
+    for (int i = 0; i < a.m; i++)
+        for (int p = 0; p < a.k; p++) {
+            size_t ai = a.ta == CUBLAS_OP_N ? (size_t)i + (size_t)p * a.lda : (size_t)p + (size_t)i * a.lda;
+            ra[(size_t)i * a.k + p] = operand(load(A, a.at, ai), a.at, a.compute);
+        }
+    for (int j = 0; j < a.n; j++)
+        for (int p = 0; p < a.k; p++) {
+            size_t bi = a.tb == CUBLAS_OP_N ? (size_t)p + (size_t)j * a.ldb : (size_t)j + (size_t)p * a.ldb;
+            rb[(size_t)j * a.k + p] = operand(load(B, a.bt, bi), a.bt, a.compute);
+        }
     for (int j = 0; j < a.n; j++)
         for (int i = 0; i < a.m; i++) {
+            const double *x = ra.data() + (size_t)i * a.k, *y = rb.data() + (size_t)j * a.k;
             double acc = 0.0;
-            for (int p = 0; p < a.k; p++) {
-                size_t ai = a.ta == CUBLAS_OP_N ? (size_t)i + (size_t)p * a.lda : (size_t)p + (size_t)i * a.lda;
-                size_t bi = a.tb == CUBLAS_OP_N ? (size_t)p + (size_t)j * a.ldb : (size_t)j + (size_t)p * a.ldb;
-                acc += (double)operand(load(A, a.at, ai), a.at, a.compute) * operand(load(B, a.bt, bi), a.bt, a.compute);
-            }
+            for (int p = 0; p < a.k; p++) acc += x[p] * y[p];
             size_t ci = (size_t)i + (size_t)j * a.ldc;
             float v = (float)(a.alpha * acc);
             if (a.beta != 0.0f) v = (float)(a.alpha * acc + (double)a.beta * load(C, a.ct, ci));
