@@ -14,7 +14,8 @@
  * moments); weight decay on matrices only against torch's two param groups (the fixtures'
  * *_decay_matrices cases) and by name (test_no_decay: "*bias" gives the same bits); a parameter
  * unfrozen after others' updates counts its own steps, as in torch (the *_thaw cases), and keeps
- * counting them through a save and load of the optimizer's state (test_thaw_state). */
+ * counting them through a save and load of the optimizer's state (test_thaw_state); one frozen
+ * and thawed between two updates keeps its state (test_frozen_between_updates). */
 #if defined(__linux__)
 #define _DEFAULT_SOURCE   /* mincore */
 #endif
@@ -1135,6 +1136,42 @@ static void test_no_decay(void) {
 }
 
 /* AdamW, and LAMB (its per-parameter trust ratios over the runs of trainable parameters) */
+/* A parameter frozen and thawed again between two updates keeps its state: the optimizer lays
+   its state out again only at its next update, when the parameter is trainable again (a GAN's
+   discriminator, frozen while the generator's loss runs through it, stepped by an optimizer of
+   its own). The updates are those of a run without the freeze, bit for bit. */
+static void test_frozen_between_updates(void) {
+    static const char *p1[1] = {"p1"};
+    float want0[OPTF_N0], want1[OPTF_N1], got0[OPTF_N0], got1[OPTF_N1], wm[OPTF_N1], gm[OPTF_N1];
+    int run, s, count = 0;
+    for (run = 0; run < 2; run++) {
+        fx f;
+        dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+        dtr_optimizer *opt = NULL;
+        cfg.weight_decay = 0.01f;
+        fx_open(&f);
+        CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+        if (!opt) { fx_close(&f); return; }
+        for (s = 0; s < 4; s++) {
+            if (run == 1 && s == 2) {   /* between updates 1 and 2: p1 frozen, a backward through it, thawed */
+                CHECK_OK(f.ctx, dtr_model_set_trainable(f.m, p1, 1, 0));
+                fx_backward(&f, 5, 0);
+                CHECK(dtr_model_grads(f.m)[f.off1] == 0.0f);
+                CHECK_OK(f.ctx, dtr_model_zero_grad(f.m));
+                CHECK_OK(f.ctx, dtr_model_set_trainable(f.m, p1, 1, 1));
+            }
+            fx_backward(&f, s, 0);
+            CHECK_OK(f.ctx, dtr_optimizer_step(opt, NULL));
+        }
+        fx_read(&f, run ? got0 : want0, run ? got1 : want1);
+        memcpy(run ? gm : wm, dtr_optimizer_moments(opt, 0, &count) + f.off1, sizeof wm);
+        dtr_optimizer_destroy(opt);
+        fx_close(&f);
+    }
+    CHECK_MSG(memcmp(want0, got0, sizeof want0) == 0 && memcmp(want1, got1, sizeof want1) == 0 && memcmp(wm, gm, sizeof wm) == 0,
+              "a freeze and thaw between updates changed the parameters or p1's first moment");
+}
+
 static void test_frozen(void) {
     frozen_case(DTR_OPT_ADAMW);
     frozen_case(DTR_OPT_LAMB);
@@ -1152,6 +1189,7 @@ int main(void) {
     RUN(test_backward_then_step);
     RUN(test_lamb_zero_param);
     RUN(test_frozen);
+    RUN(test_frozen_between_updates);
     RUN(test_thaw_state);
     RUN(test_unreached);
     RUN(test_frozen_grad_memory);

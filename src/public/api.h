@@ -981,9 +981,12 @@ DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int
  *  optimizer step; unfreezing later is allowed (the optimizer lays its state out again at its
  *  next call: the moments of parameters trainable before and after are kept, the newly
  *  trainable ones start from zero and count their own steps from 1, as torch.optim's
- *  per-parameter "step": Adam's bias correction, SGD's first momentum step). Freezing gives a
- *  parameter's optimizer state up (PyTorch keeps it); to pause one and keep its state, leave it
- *  trainable and out of the loss: an update leaves out what no backward reached. Call it alike on every rank's model (data-parallel ranks,
+ *  per-parameter "step": Adam's bias correction, SGD's first momentum step). An update taken
+ *  while a parameter is frozen gives its optimizer state up (PyTorch keeps it); frozen and
+ *  thawed between two updates it keeps it (the optimizer lays its state out at its next update:
+ *  a GAN's discriminator, frozen while the generator's loss runs through it and stepped by an
+ *  optimizer of its own). To pause one across updates and keep its state, leave it trainable
+ *  and out of the loss: an update leaves out what no backward reached. Call it alike on every rank's model (data-parallel ranks,
  *  parameter servers, stages). A checkpoint restores with the trainable set it was saved with.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
  *          matched: a misspelt prefix). Thread safety: the model's context thread. */
