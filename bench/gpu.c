@@ -18,7 +18,8 @@
  * --lora R: fine-tuning with LoRA adapters of rank R (alpha 2R) on the attention's input
  * projections (GPT: qkv; Llama: q and v, PEFT's defaults) and everything else frozen, beside
  * gpu_torch.py --lora R (the same adapters on PyTorch modules); optimizer_state_mb: AdamW's
- * moments.
+ * moments. cuda_vmm: 1 on CUDA unless DTR_CUDA_VMM=0 (the frozen parameters' gradients then
+ * take the device memory they take without the driver's virtual memory calls; docs/gpu.md).
  * --bf16: the matrix products on bf16 tensor cores (matmul_precision DTR_MATMUL_BF16; tensors
  * stay f32), beside PyTorch's torch.autocast(bfloat16) in gpu_torch.py --bf16.
  * --bf16-act: the ops' outputs stored in bf16 (activation_dtype DTR_BF16: half the activation
@@ -283,11 +284,11 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         if (is_lm(b)) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
                "\"tf32\":%d,\"bf16\":%d,\"bf16_act\":%d,\"graph\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
-               "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f,\"lora\":%d,\"dropout\":%.2f,\"optimizer_state_mb\":%.2f}\n",
+               "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f,\"lora\":%d,\"dropout\":%.2f,\"optimizer_state_mb\":%.2f,\"cuda_vmm\":%d}\n",
                bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_bf16_act, g_graph, g_retain, g_release, per * 1e3, best * 1e3, is_lm(b) ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
                (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0, is_lm(b) ? g_lora : 0, is_lm(b) ? (double)g_dropout : 0.0,
-               (double)dtr_optimizer_state_bytes(opt) / 1048576.0);
+               (double)dtr_optimizer_state_bytes(opt) / 1048576.0, backend && !(getenv("DTR_CUDA_VMM") && !strcmp(getenv("DTR_CUDA_VMM"), "0")));
     }
     dtr_metrics_destroy(met);
     dtr_graph_destroy(graph);

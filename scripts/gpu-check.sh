@@ -7,7 +7,8 @@
 #   4. compute-sanitizer memcheck over the GPU test programs, racecheck over the fused
 #      attention kernels (when it is installed)
 #   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), the GPTs
-#      with bf16 products (and bf16 activations: --bf16-act) beside torch.autocast, captured
+#      with bf16 products (and bf16 activations: --bf16-act) beside torch.autocast, LoRA
+#      fine-tuning's memory with and without DTR_CUDA_VMM=0 beside PyTorch's, captured
 #      steps (--graph: CUDA graphs), bench/gpu_gemm beside bench/gpu_gemm_torch.py (the
 #      GPTs' linear layers) and bench/gpu_attention beside bench/gpu_attention_torch.py (their
 #      causal attention: the fused kernels in bf16 against scaled_dot_product_attention),
@@ -78,6 +79,13 @@ for m in gpt gpt2; do
   timeout 120 build/bench/gpu --steps "$steps" --model $m --bf16 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 build/bench/gpu --steps "$steps" --model $m --bf16 --bf16-act >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 python3 bench/gpu_torch.py --steps "$steps" --model $m --bf16 --no-compile >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
+done
+# LoRA fine-tuning (frozen bodies: their gradients take no device memory, cuda_memory.cu), with
+# and without the driver's virtual memory calls, beside the same adapters in PyTorch
+for m in gpt gpt2; do
+  timeout 120 build/bench/gpu --steps "$steps" --model $m --lora 8 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+  DTR_CUDA_VMM=0 timeout 120 build/bench/gpu --steps "$steps" --model $m --lora 8 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+  timeout 120 python3 bench/gpu_torch.py --steps "$steps" --model $m --lora 8 --no-compile >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 done
 # captured steps (CUDA graphs) beside the eager lines above, f32 and TF32
 for m in mlp cnn gpt; do
