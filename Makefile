@@ -89,7 +89,9 @@ CFLAGS = -std=c99 -Wall -Wextra $(WERROR) -pthread -I. $(OPT) $(ARCH) $(SANITIZE
 NVCC_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
               -gencode arch=compute_90,code=compute_90
 NVCC_WERROR ?= $(if $(WERROR),-Werror all-warnings -Xcompiler -Werror)
-NVCCFLAGS  ?= -std=c++17 -O2 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-pthread,-fPIC $(NVCC_WERROR) $(DEFS)
+# --threads 0: the architectures compiled side by side (the unit's compile is a serial step of
+# check: 95 s -> 52 s on 2 cores)
+NVCCFLAGS  ?= -std=c++17 -O2 --threads 0 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-pthread,-fPIC $(NVCC_WERROR) $(DEFS)
 
 FABRIC_CFLAGS := $(if $(filter 1,$(USE_FABRIC)),-DDTR_USE_LIBFABRIC $(shell pkg-config --cflags libfabric 2>/dev/null))
 FABRIC_LIBS   := $(if $(filter 1,$(USE_FABRIC)),$(shell pkg-config --libs libfabric 2>/dev/null))
