@@ -18,7 +18,10 @@
  * kernel's limit, 48 KB unless cudaFuncSetAttribute raised it: cudaErrorInvalidValue), barrier use (a block whose threads
  * wait at different barriers is reported as a launch failure), reductions and
  * math, graph capture (launches on a capturing stream are recorded, not run, and replayed
- * by cudaGraphLaunch), and with AddressSanitizer, out-of-bounds accesses of device buffers.
+ * by cudaGraphLaunch), the driver's virtual memory calls (cuda.h: granules mapped into a
+ * reserved range, a touch where nothing is mapped a SIGSEGV), and with AddressSanitizer,
+ * out-of-bounds accesses of device buffers. Every lane of a warp holds a whole wmma tile
+ * (mma.h); lanes after the first copy its products, found by their operands.
  * Races: fibers switch only at barriers and warp operations, so a missing barrier shows only
  * as a result that changes with the schedule: CUEMU_SCHEDULE=reverse runs each warp alone up
  * to a block barrier, last warp and lane first, blocks last to first (make test runs the kernel
