@@ -456,10 +456,11 @@ static void test_gemm_on(void) {
 }
 
 /* dtr__gemm_packed (B packed once, as an LSTM's recurrent weight) gives dtr__gemm's bits: B
-   stored (K, N) or transposed, K past one K block, N past one N block, beta 0 and 1, no pool
-   and 1-3 threads, on one worker, and with no packing memory (mem NULL: each call packs its own) */
+   stored (K, N) or transposed, K past one K block, N past one N block (the AVX kernels' 1024
+   and NEON's 1536), beta 0 and 1, no pool and 1-3 threads, on one worker, and with no packing
+   memory (mem NULL: each call packs its own) */
 static void test_gemm_packed(void) {
-    static const int64_t shapes[][3] = {{33, 512, 128}, {7, 1031, 700}, {64, 40, 1500}, {1, 17, 3}};
+    static const int64_t shapes[][3] = {{33, 512, 128}, {7, 1031, 700}, {3, 1600, 300}, {64, 40, 1500}, {1, 17, 3}};
     size_t i;
     for (i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int64_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
