@@ -520,6 +520,13 @@ static dtr_result dtr__cuda_zero_granule(dtr_context *ctx, dtr__cuda_state *s, C
     return dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
 }
 
+/* before a remap: the work queued on both streams is done (a bucket's copy to the host reads
+   the gradients on the copies stream) */
+static dtr_result dtr__cuda_quiet(dtr_context *ctx, dtr__cuda_state *s) {
+    if (dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize") != DTR_OK) return ctx->status;
+    return dtr__cuda_check(ctx, cudaStreamSynchronize(s->copies), "cudaStreamSynchronize");
+}
+
 static dtr__cuda_sparse *dtr__cuda_sparse_find(dtr__cuda_state *s, const void *p) {
     int i;
     for (i = 0; i < s->n_sparse; i++)
@@ -614,7 +621,7 @@ static dtr_result dtr__cuda_back_locked(dtr_context *ctx, dtr__cuda_state *s, vo
     dtr_result res = DTR_OK;
     size_t g, G = s->granule;
     if (!b) return DTR_OK;   /* an ordinary block (no virtual memory calls): backed throughout */
-    if (dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize") != DTR_OK) return ctx->status;
+    if (dtr__cuda_quiet(ctx, s) != DTR_OK) return ctx->status;
     for (g = 0; g < b->n && res == DTR_OK; g++) {
         int want = dtr__cuda_ranges_meet(r, n, g * G, G);
         if (want != (b->own[g] != 0)) res = dtr__cuda_regranule(ctx, s, b, g, want);
@@ -636,6 +643,7 @@ static int dtr__cuda_sparse_free(dtr_context *ctx, dtr__cuda_state *s, void *p) 
     dtr__cuda_sparse *b = dtr__cuda_sparse_find(s, p);
     if (!b) return 0;
     cudaStreamSynchronize(s->stream);
+    cudaStreamSynchronize(s->copies);
     dtr__cuda_sparse_drop(ctx, s, b, b->n);
     *b = s->sparse[--s->n_sparse];
     return 1;
@@ -647,7 +655,7 @@ static void dtr__cuda_sparse_release(dtr_context *ctx, dtr__cuda_state *s) {
     if (s->has_zero) dtr__cuda_granule_free(s, s->zero), s->has_zero = 0;
     dtr__free(&ctx->alloc, s->sparse);
 }
-#line 651 "dtrain_cuda.cu"
+#line 659 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1835,7 +1843,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1839 "dtrain_cuda.cu"
+#line 1847 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -2486,7 +2494,7 @@ static dtr_result dtr__cuda_rnn_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return dtr__cuda_rnn_sums(ctx, nd, dA, dX);
 }
-#line 2490 "dtrain_cuda.cu"
+#line 2498 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2954,7 +2962,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2958 "dtrain_cuda.cu"
+#line 2966 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -3341,7 +3349,7 @@ static dtr_result dtr__cuda_upsample_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->out->grad, gx, x->shape[2], x->shape[3], nd->p.upsample.scale[0], nd->p.upsample.scale[1], n);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 3345 "dtrain_cuda.cu"
+#line 3353 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -4272,7 +4280,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 4276 "dtrain_cuda.cu"
+#line 4284 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -4648,5 +4656,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 4652 "dtrain_cuda.cu"
+#line 4660 "dtrain_cuda.cu"
 

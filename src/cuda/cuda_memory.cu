@@ -268,6 +268,13 @@ static dtr_result dtr__cuda_zero_granule(dtr_context *ctx, dtr__cuda_state *s, C
     return dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
 }
 
+/* before a remap: the work queued on both streams is done (a bucket's copy to the host reads
+   the gradients on the copies stream) */
+static dtr_result dtr__cuda_quiet(dtr_context *ctx, dtr__cuda_state *s) {
+    if (dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize") != DTR_OK) return ctx->status;
+    return dtr__cuda_check(ctx, cudaStreamSynchronize(s->copies), "cudaStreamSynchronize");
+}
+
 static dtr__cuda_sparse *dtr__cuda_sparse_find(dtr__cuda_state *s, const void *p) {
     int i;
     for (i = 0; i < s->n_sparse; i++)
@@ -362,7 +369,7 @@ static dtr_result dtr__cuda_back_locked(dtr_context *ctx, dtr__cuda_state *s, vo
     dtr_result res = DTR_OK;
     size_t g, G = s->granule;
     if (!b) return DTR_OK;   /* an ordinary block (no virtual memory calls): backed throughout */
-    if (dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize") != DTR_OK) return ctx->status;
+    if (dtr__cuda_quiet(ctx, s) != DTR_OK) return ctx->status;
     for (g = 0; g < b->n && res == DTR_OK; g++) {
         int want = dtr__cuda_ranges_meet(r, n, g * G, G);
         if (want != (b->own[g] != 0)) res = dtr__cuda_regranule(ctx, s, b, g, want);
@@ -384,6 +391,7 @@ static int dtr__cuda_sparse_free(dtr_context *ctx, dtr__cuda_state *s, void *p) 
     dtr__cuda_sparse *b = dtr__cuda_sparse_find(s, p);
     if (!b) return 0;
     cudaStreamSynchronize(s->stream);
+    cudaStreamSynchronize(s->copies);
     dtr__cuda_sparse_drop(ctx, s, b, b->n);
     *b = s->sparse[--s->n_sparse];
     return 1;
